@@ -1,0 +1,171 @@
+"""Train a small regression model on one device: the single-process baseline.
+
+    python single_gpu_baseline.py
+    python single_gpu_baseline.py --epochs 10 --batch_size 64
+
+It runs on a GPU if there is one, else on the CPU (see --device). Its DDP twin is
+train_ddp.py: `diff -u single_gpu_baseline.py train_ddp.py` shows only the DDP
+steps, each named.
+"""
+
+import argparse
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader, RandomSampler, TensorDataset
+
+
+# -----------------------------------------------------------------------------
+# command line: the guide's flags plus a few of ours; --help shows every default
+def positive_int(text):
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, not {text}")
+    return value
+
+
+def positive_float(text):
+    value = float(text)
+    if not 0 < value < math.inf:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be a finite number above 0, not {text}")
+    return value
+
+
+parser = argparse.ArgumentParser(
+    description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+)
+parser.add_argument("--epochs", type=positive_int, default=5, help="passes over the data")
+parser.add_argument("--batch_size", type=positive_int, default=64, help="samples per step, per process")
+parser.add_argument("--lr", type=positive_float, default=0.02, help="learning rate (SGD, momentum 0.9)")
+parser.add_argument("--dataset_size", type=positive_int, default=2048, help="training samples")
+parser.add_argument(
+    "--save_interval", type=positive_int, default=2, help="checkpoint every N epochs, and after the last"
+)
+parser.add_argument("--seed", type=int, default=0, help="seeds the data, the initial weights, the shuffle")
+parser.add_argument(
+    "--out_dir", default=f"out/{Path(__file__).stem}", help="where checkpoints and metrics.jsonl go"
+)
+parser.add_argument("--resume", metavar="PATH", help="a checkpoint to continue from, at its next epoch")
+parser.add_argument(
+    "--hidden_size",
+    type=positive_int,
+    default=64,
+    help="model width: wider means more compute for each byte of gradients exchanged",
+)
+parser.add_argument(
+    "--num_workers",
+    type=int,
+    default=0,
+    help="DataLoader worker processes; 0 is fastest for a dataset already in memory",
+)
+parser.add_argument(
+    "--device", choices=["auto", "cuda", "cpu"], default="auto", help="auto: CUDA if a GPU is visible"
+)
+args = parser.parse_args()
+if args.resume and not os.path.isfile(args.resume):
+    parser.error(f"--resume {args.resume}: no such file; pass a model_epoch_E.pt from a run's --out_dir")
+
+use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+if use_cuda and not torch.cuda.is_available():
+    parser.error("--device cuda: PyTorch sees no CUDA GPU on this machine; use --device cpu")
+
+device = torch.device("cuda" if use_cuda else "cpu")
+
+# -----------------------------------------------------------------------------
+# data: a task the model can learn, y = sin(x . w) + noise, drawn from one seeded
+# generator, so every process builds the very same dataset (the guide's unseeded
+# torch.randn gives each rank different data, and random labels nothing can learn)
+in_features = 10
+data_gen = torch.Generator().manual_seed(args.seed)
+w = torch.randn(in_features, 1, generator=data_gen) / math.sqrt(in_features)  # the hidden function
+x = torch.randn(args.dataset_size, in_features, generator=data_gen)
+y = torch.sin(x @ w) + 0.1 * torch.randn(args.dataset_size, 1, generator=data_gen)  # noise floor 0.01
+dataset = TensorDataset(x, y)
+# shuffle each epoch with a seeded generator (reseeded below), by the same rule as
+# DistributedSampler, so that this baseline matches train_ddp.py batch for batch
+sampler_gen = torch.Generator()
+sampler = RandomSampler(dataset, generator=sampler_gen)
+loader = DataLoader(
+    dataset, batch_size=args.batch_size, sampler=sampler, num_workers=args.num_workers, pin_memory=use_cuda
+)
+
+# -----------------------------------------------------------------------------
+# model and optimizer: seeded, so every run starts from the same weights
+torch.manual_seed(args.seed)
+model = torch.nn.Sequential(
+    torch.nn.Linear(in_features, args.hidden_size),
+    torch.nn.ReLU(),
+    torch.nn.Linear(args.hidden_size, args.hidden_size),
+    torch.nn.ReLU(),
+    torch.nn.Linear(args.hidden_size, 1),
+).to(device)
+optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+loss_fn = torch.nn.MSELoss()
+
+# resume: continue from a checkpoint's weights, optimizer state and epoch
+start_epoch = 0
+if args.resume:
+    # weights_only: a checkpoint is data, and loading one must never run code.
+    # map_location: straight onto this process's device, whatever device saved it.
+    checkpoint = torch.load(args.resume, map_location=device, weights_only=True)
+    if checkpoint["config"]["hidden_size"] != args.hidden_size:
+        parser.error(f"--resume {args.resume} has --hidden_size {checkpoint['config']['hidden_size']}")
+    model.load_state_dict(checkpoint["model_state_dict"])
+    optimizer.load_state_dict(checkpoint["optimizer_state_dict"])
+    start_epoch = checkpoint["epoch"]  # epochs done, so the index of the next one
+
+# -----------------------------------------------------------------------------
+# training loop
+os.makedirs(args.out_dir, exist_ok=True)
+metrics = open(os.path.join(args.out_dir, "metrics.jsonl"), "a" if args.resume else "w")
+start = time.perf_counter()
+for epoch in range(start_epoch, args.epochs):
+    sampler_gen.manual_seed(args.seed + epoch)  # a new shuffle each epoch, reproducible
+    model.train()
+    epoch_start = time.perf_counter()
+    # the loss is summed on the device as (loss x samples): no .item() per step,
+    # which would stall a GPU every step, and the mean stays exact for a short last batch
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    samples = 0
+    for xb, yb in loader:
+        xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
+        loss = loss_fn(model(xb), yb)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        loss_sum += loss.detach() * len(xb)
+        samples += len(xb)
+    totals = torch.stack([loss_sum, loss_sum.new_tensor(samples)])
+    loss_total, samples_total = totals.tolist()  # waits for the device, so the clock is honest
+    seconds = time.perf_counter() - epoch_start
+    record = {
+        "epoch": epoch + 1,
+        "loss": loss_total / samples_total,
+        "samples": int(samples_total),
+        "seconds": seconds,
+        "samples_per_sec": samples_total / seconds,
+        "world_size": 1,
+        "backend": None,
+        "device": str(device),
+    }
+    print(
+        f"epoch {epoch + 1}/{args.epochs}  loss {record['loss']:.4f}  "
+        f"{record['samples_per_sec']:,.0f} samples/s  elapsed {time.perf_counter() - start:.1f}s"
+    )
+    print(json.dumps(record), file=metrics, flush=True)
+
+    # save a checkpoint every --save_interval epochs, and after the last
+    if (epoch + 1) % args.save_interval == 0 or epoch + 1 == args.epochs:
+        checkpoint = {
+            "epoch": epoch + 1,
+            "model_state_dict": model.state_dict(),
+            "optimizer_state_dict": optimizer.state_dict(),
+            "config": vars(args),
+        }
+        path = os.path.join(args.out_dir, f"model_epoch_{epoch + 1}.pt")
+        torch.save(checkpoint, path + ".tmp")
+        os.replace(path + ".tmp", path)  # atomic: a crash mid-write leaves no broken checkpoint
