@@ -1,0 +1,52 @@
+"""Plumbing shared by the tests: run the real entry points, read what they wrote."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ("single_gpu_baseline.py", "train_ddp.py")
+# the torchrun of the interpreter running the tests, wherever its venv is
+TORCHRUN = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
+
+
+def copy_scripts(dest):
+    """Copy the twin scripts into dest, so that a user's command runs there verbatim."""
+    for name in SCRIPTS:
+        shutil.copy(ROOT / name, dest / name)
+    return dest
+
+
+def run(command, cwd, timeout=180, env=None, expect=0):
+    """Run a command as a user would type it; fail with its output if it exits otherwise."""
+    argv = command.split() if isinstance(command, str) else list(command)
+    if argv[0] == "python":
+        argv[0] = sys.executable
+    elif argv[0] == "torchrun":
+        argv[0] = TORCHRUN
+    proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    if expect is not None and proc.returncode != expect:
+        raise AssertionError(
+            f"{command!r} exited {proc.returncode}, expected {expect}\n"
+            f"--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+        )
+    return proc
+
+
+def read_metrics(out_dir):
+    lines = (Path(out_dir) / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def load_checkpoint(path):
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def max_weight_diff(a, b):
+    a, b = a["model_state_dict"], b["model_state_dict"]
+    assert a.keys() == b.keys()
+    return max((a[k] - b[k]).abs().max().item() for k in a)

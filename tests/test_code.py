@@ -1,0 +1,38 @@
+"""How the code reads: the twin diff shows only named DDP steps, and the lint is clean."""
+
+import re
+import subprocess
+import sys
+
+from helpers import ROOT
+
+STEP = re.compile(r"DDP step ([1-8])\b")
+
+
+def twin_diff_hunks():
+    proc = subprocess.run(
+        ["diff", "-u", "single_gpu_baseline.py", "train_ddp.py"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert proc.returncode == 1, proc.stderr  # 1: the files differ
+    hunks = re.split(r"^@@.*@@.*$", proc.stdout, flags=re.M)[1:]
+    assert hunks, proc.stdout
+    return hunks
+
+
+def test_every_hunk_of_the_twin_diff_names_its_ddp_step():
+    for hunk in twin_diff_hunks():
+        changed = "\n".join(line for line in hunk.splitlines() if line[:1] in "+-")
+        assert STEP.search(changed), f"a hunk of the twin diff names no DDP step:\n{hunk}"
+
+
+def test_the_twin_diff_covers_every_step():
+    named = {int(n) for hunk in twin_diff_hunks() for n in STEP.findall(hunk)}
+    assert named >= set(range(1, 9)), f"steps missing from the diff: {set(range(1, 9)) - named}"
+
+
+def test_ruff_lint_and_format_are_clean():
+    for command in (["check", "."], ["format", "--check", "."]):
+        proc = subprocess.run(
+            [sys.executable, "-m", "ruff", *command], cwd=ROOT, capture_output=True, text=True
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -1,0 +1,39 @@
+"""The README stays true: its diff, its step names and its test command match the code."""
+
+import re
+import subprocess
+
+from helpers import ROOT
+
+README = (ROOT / "README.md").read_text()
+
+
+def test_readme_shows_the_current_twin_diff():
+    diff = subprocess.run(
+        ["diff", "-u", "--label", "single_gpu_baseline.py", "--label", "train_ddp.py"]
+        + ["single_gpu_baseline.py", "train_ddp.py"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    ).stdout
+    shown = re.search(r"^```diff\n(.*?)^```$", README, flags=re.S | re.M)
+    assert shown, "README.md has no ```diff block"
+    assert shown.group(1) == diff, (
+        "README.md's diff is stale: replace the ```diff block with the output of\n"
+        "diff -u --label single_gpu_baseline.py --label train_ddp.py single_gpu_baseline.py train_ddp.py"
+    )
+
+
+def test_readme_step_names_are_the_ones_in_train_ddp():
+    steps = dict(re.findall(r"^\| (\d) \| ([^|]+?) \|", README, flags=re.M))
+    assert sorted(steps) == [str(n) for n in range(1, 9)], steps
+    code = (ROOT / "train_ddp.py").read_text()
+    for number, name in steps.items():
+        assert f"DDP step {number}: {name}" in code, f"train_ddp.py never says 'DDP step {number}: {name}'"
+
+
+def test_ci_runs_the_readme_test_command():
+    command = re.search(r"<!-- test-command -->\n```bash\n(.+)\n```", README).group(1)
+    assert "pytest" in command
+    ci = subprocess.run(["bash", ".ci/run", "--print"], cwd=ROOT, capture_output=True, text=True)
+    assert ci.stdout.strip() == command

@@ -1,0 +1,155 @@
+"""The twin scripts run as the README says, train, and write what other tools read."""
+
+import os
+import sys
+
+import pytest
+import torch
+from helpers import ROOT, copy_scripts, load_checkpoint, max_weight_diff, read_metrics, run
+
+METRIC_KEYS = {"epoch", "loss", "samples", "seconds", "samples_per_sec", "world_size", "backend", "device"}
+
+
+def check_metrics(out_dir, epochs, world_size, samples):
+    """metrics.jsonl: one well-formed line per epoch, written once, and the loss falls."""
+    records = read_metrics(out_dir)
+    assert [r["epoch"] for r in records] == list(range(1, epochs + 1))
+    for r in records:
+        assert METRIC_KEYS <= r.keys()
+        assert r["world_size"] == world_size
+        assert r["samples"] == samples
+        assert r["seconds"] > 0 and r["samples_per_sec"] > 0
+        assert r["device"] == "cpu"
+    assert records[-1]["loss"] <= records[0]["loss"] / 2, [r["loss"] for r in records]
+    return records
+
+
+def test_baseline_runs_and_learns(tmp_path):
+    proc = run("python single_gpu_baseline.py", cwd=copy_scripts(tmp_path))
+    records = check_metrics(tmp_path / "out/single_gpu_baseline", epochs=5, world_size=1, samples=2048)
+    assert records[0]["backend"] is None
+    assert proc.stdout.count("\n") == 5  # one line per epoch
+    assert sorted(p.name for p in (tmp_path / "out/single_gpu_baseline").glob("*.pt")) == [
+        "model_epoch_2.pt",
+        "model_epoch_4.pt",
+        "model_epoch_5.pt",
+    ]
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_torchrun_runs_and_learns(tmp_path, nproc):
+    proc = run(f"torchrun --standalone --nproc_per_node={nproc} train_ddp.py", cwd=copy_scripts(tmp_path))
+    records = check_metrics(tmp_path / "out/train_ddp", epochs=5, world_size=nproc, samples=2048)
+    assert records[0]["backend"] == "gloo"
+    assert proc.stdout.count("epoch ") == 5  # rank 0 alone prints, once an epoch
+
+
+def test_the_guides_own_command(tmp_path):
+    run(
+        "torchrun --standalone --nproc_per_node=2 train_ddp.py --epochs 10 --batch_size 32",
+        cwd=copy_scripts(tmp_path),
+    )
+    check_metrics(tmp_path / "out/train_ddp", epochs=10, world_size=2, samples=2048)
+
+
+def test_python_without_torchrun_is_a_one_process_job(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    proc = run("python train_ddp.py", cwd=copy_scripts(tmp_path), env=env)
+    assert proc.stdout.splitlines()[0].startswith("train_ddp.py: not started by torchrun")
+    check_metrics(tmp_path / "out/train_ddp", epochs=5, world_size=1, samples=2048)
+
+
+# Reports every file write under the test's folder, with the rank that made it, to
+# stderr: an audit hook installed in each worker through sitecustomize.
+AUDIT_HOOK = """
+import os, sys
+ROOT = os.environ["AUDIT_ROOT"]
+def hook(event, args):
+    if event == "open" and isinstance(args[0], str) and args[1] and set(args[1]) & set("wax+"):
+        path = args[0]
+    elif event in ("os.rename", "os.mkdir", "os.remove"):
+        path = os.fsdecode(args[1] if event == "os.rename" else args[0])
+    else:
+        return
+    if os.path.abspath(path).startswith(ROOT):
+        sys.stderr.write(f"AUDIT rank={os.environ.get('RANK')} {event} {path}\\n")
+sys.addaudithook(hook)
+"""
+
+
+def test_only_rank_0_writes_files_or_prints(tmp_path):
+    work = copy_scripts(tmp_path)
+    (tmp_path / "hook").mkdir()
+    (tmp_path / "hook/sitecustomize.py").write_text(AUDIT_HOOK)
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / "hook"), AUDIT_ROOT=str(work / "out"))
+    logs = tmp_path / "logs"
+    run(
+        f"torchrun --standalone --nproc_per_node=2 --redirects=3 --log-dir={logs} train_ddp.py",
+        cwd=work,
+        env=env,
+    )
+    by_rank = {}
+    for log in logs.rglob("std*.log"):  # logs/<run id>/attempt_0/<local rank>/std{out,err}.log
+        by_rank.setdefault(int(log.parent.name), []).append(log.read_text())
+    rank0, rank1 = "".join(by_rank[0]), "".join(by_rank[1])
+    assert "AUDIT rank=0 open" in rank0 and "metrics.jsonl" in rank0  # the hook does see writes
+    assert "AUDIT rank=0 os.rename" in rank0 and "model_epoch_5.pt" in rank0
+    assert rank1 == "", f"rank 1 wrote or printed:\n{rank1}"
+    assert len(read_metrics(work / "out/train_ddp")) == 5
+
+
+def test_checkpoints_are_plain_data_of_the_unwrapped_model(tmp_path):
+    run("torchrun --standalone --nproc_per_node=2 train_ddp.py --epochs 2", cwd=copy_scripts(tmp_path))
+    files = sorted(p.name for p in (tmp_path / "out/train_ddp").iterdir())
+    assert files == ["metrics.jsonl", "model_epoch_2.pt"]  # nothing half-written left behind
+    checkpoint = load_checkpoint(tmp_path / "out/train_ddp/model_epoch_2.pt")  # weights_only=True
+    assert checkpoint["epoch"] == 2
+    assert {"model_state_dict", "optimizer_state_dict", "config"} <= checkpoint.keys()
+    assert not any(k.startswith("module.") for k in checkpoint["model_state_dict"])
+    assert checkpoint["optimizer_state_dict"]["state"], "momentum buffers are needed for an exact resume"
+
+
+def test_resume_continues_at_the_next_epoch_across_scripts_and_world_sizes(tmp_path):
+    work = copy_scripts(tmp_path)
+    ddp = "torchrun --standalone --nproc_per_node=2 train_ddp.py --batch_size 32 --save_interval 2"
+    base = "python single_gpu_baseline.py --batch_size 64 --save_interval 2"
+    run(f"{ddp} --epochs 4 --out_dir full", cwd=work)
+    run(f"{ddp} --epochs 2 --out_dir part", cwd=work)
+    full = load_checkpoint(work / "full/model_epoch_4.pt")
+
+    # the same script and world size: continues from epoch 3, bit for bit
+    run(f"{ddp} --epochs 4 --out_dir part --resume part/model_epoch_2.pt", cwd=work)
+    assert [r["epoch"] for r in read_metrics(work / "part")] == [1, 2, 3, 4]
+    resumed = load_checkpoint(work / "part/model_epoch_4.pt")
+    assert resumed["epoch"] == 4
+    for key, value in full["model_state_dict"].items():
+        assert torch.equal(value, resumed["model_state_dict"][key]), key
+
+    # DDP at 2 x 32 -> baseline at 64, and baseline -> DDP: the same training, to rounding
+    run(f"{base} --epochs 4 --out_dir to_base --resume part/model_epoch_2.pt", cwd=work)
+    assert [r["epoch"] for r in read_metrics(work / "to_base")] == [3, 4]
+    assert max_weight_diff(full, load_checkpoint(work / "to_base/model_epoch_4.pt")) < 1e-5
+    run(f"{base} --epochs 2 --out_dir b2", cwd=work)
+    run(f"{ddp} --epochs 4 --out_dir from_base --resume b2/model_epoch_2.pt", cwd=work)
+    assert max_weight_diff(full, load_checkpoint(work / "from_base/model_epoch_4.pt")) < 1e-5
+
+
+@pytest.mark.parametrize("script", ["single_gpu_baseline.py", "train_ddp.py"])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        ("--batch_size 0", "must be a whole number of at least 1"),
+        ("--lr nan", "must be a finite number above 0"),
+        ("--resume missing.pt", "no such file"),
+    ],
+)
+def test_bad_input_gets_one_clear_line(tmp_path, script, flags, message):
+    proc = run(f"python {script} {flags}", cwd=copy_scripts(tmp_path), expect=2)
+    assert message in proc.stderr.splitlines()[-1]
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_help_states_defaults():
+    proc = run([sys.executable, "train_ddp.py", "--help"], cwd=ROOT)
+    assert "(default: 64)" in proc.stdout and "--hidden_size" in proc.stdout
