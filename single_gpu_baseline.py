@@ -28,6 +28,16 @@ def positive_int(text):
     return value
 
 
+def writable_dir(text):
+    path = Path(text).absolute()
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK):
+        raise argparse.ArgumentTypeError(
+            f"cannot create or write {text}: {existing} is not a writable folder"
+        )
+    return text
+
+
 def positive_float(text):
     value = float(text)
     if not 0 < value < math.inf:  # also refuses nan
@@ -47,7 +57,10 @@ parser.add_argument(
 )
 parser.add_argument("--seed", type=int, default=0, help="seeds the data, the initial weights, the shuffle")
 parser.add_argument(
-    "--out_dir", default=f"out/{Path(__file__).stem}", help="where checkpoints and metrics.jsonl go"
+    "--out_dir",
+    type=writable_dir,
+    default=f"out/{Path(__file__).stem}",
+    help="where checkpoints and metrics.jsonl go",
 )
 parser.add_argument("--resume", metavar="PATH", help="a checkpoint to continue from, at its next epoch")
 parser.add_argument(
@@ -68,6 +81,16 @@ parser.add_argument(
 args = parser.parse_args()
 if args.resume and not os.path.isfile(args.resume):
     parser.error(f"--resume {args.resume}: no such file; pass a model_epoch_E.pt from a run's --out_dir")
+if args.num_workers < 0:
+    parser.error(f"--num_workers must be 0 or more, not {args.num_workers}")
+
+# checkpoints of an earlier run in --out_dir: a fresh run must not mix its files with them
+saved = sorted(Path(args.out_dir).glob("model_epoch_*.pt"), key=lambda p: int(p.stem.split("_")[-1]))
+if saved and not args.resume:
+    parser.error(
+        f"--out_dir {args.out_dir} already holds {saved[-1].name} from an earlier run: "
+        f"add --resume {saved[-1]} to continue it, or choose another --out_dir"
+    )
 
 use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
 if use_cuda and not torch.cuda.is_available():
@@ -111,17 +134,33 @@ start_epoch = 0
 if args.resume:
     # weights_only: a checkpoint is data, and loading one must never run code.
     # map_location: straight onto this process's device, whatever device saved it.
-    checkpoint = torch.load(args.resume, map_location=device, weights_only=True)
-    if checkpoint["config"]["hidden_size"] != args.hidden_size:
-        parser.error(f"--resume {args.resume} has --hidden_size {checkpoint['config']['hidden_size']}")
+    try:
+        checkpoint = torch.load(args.resume, map_location=device, weights_only=True)
+        saved_width = checkpoint["config"]["hidden_size"]
+    except Exception as error:  # torch's own messages do not say which of these it is
+        parser.error(
+            f"--resume {args.resume}: refused, loading it would run code; ours hold only data"
+            if "unsupported GLOBAL" in str(error)
+            else f"--resume {args.resume}: not a whole checkpoint of these scripts (empty, cut short, other)"
+        )
+    if saved_width != args.hidden_size:
+        parser.error(f"--resume {args.resume} was trained with --hidden_size {saved_width}: pass that too")
     model.load_state_dict(checkpoint["model_state_dict"])
     optimizer.load_state_dict(checkpoint["optimizer_state_dict"])
     start_epoch = checkpoint["epoch"]  # epochs done, so the index of the next one
+    if saved and int(saved[-1].stem.split("_")[-1]) > start_epoch:
+        parser.error(
+            f"--out_dir {args.out_dir} holds {saved[-1].name}, past --resume {args.resume}: "
+            "choose another --out_dir, so that the two runs' files do not mix"
+        )
 
 # -----------------------------------------------------------------------------
 # training loop
 os.makedirs(args.out_dir, exist_ok=True)
-metrics = open(os.path.join(args.out_dir, "metrics.jsonl"), "a" if args.resume else "w")
+metrics_path = Path(args.out_dir) / "metrics.jsonl"
+old = metrics_path.read_text().splitlines(keepends=True) if metrics_path.exists() else []
+metrics = open(metrics_path, "w")  # keeps the epochs up to the checkpoint's; a restart redoes the rest
+metrics.writelines(line for line in old if line.endswith("\n") and json.loads(line)["epoch"] <= start_epoch)
 start = time.perf_counter()
 for epoch in range(start_epoch, args.epochs):
     sampler_gen.manual_seed(args.seed + epoch)  # a new shuffle each epoch, reproducible
