@@ -1,6 +1,7 @@
 """Plumbing shared by the tests: run the real entry points, read what they wrote."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -50,3 +51,28 @@ def max_weight_diff(a, b):
     a, b = a["model_state_dict"], b["model_state_dict"]
     assert a.keys() == b.keys()
     return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+# Reports every file write under the test's folder, with the rank that made it, to
+# stderr: an audit hook installed in each worker through sitecustomize.
+AUDIT_HOOK = """
+import os, sys
+ROOT = os.environ["AUDIT_ROOT"]
+def hook(event, args):
+    if event == "open" and isinstance(args[0], str) and args[1] and set(args[1]) & set("wax+"):
+        path = args[0]
+    elif event in ("os.rename", "os.mkdir", "os.remove"):
+        path = os.fsdecode(args[1] if event == "os.rename" else args[0])
+    else:
+        return
+    if os.path.abspath(path).startswith(ROOT):
+        sys.stderr.write(f"AUDIT rank={os.environ.get('RANK')} {event} {path}\\n")
+sys.addaudithook(hook)
+"""
+
+
+def audit_env(tmp_path, watch):
+    """An environment in which every Python process reports its writes under watch."""
+    (tmp_path / "hook").mkdir(exist_ok=True)
+    (tmp_path / "hook/sitecustomize.py").write_text(AUDIT_HOOK)
+    return dict(os.environ, PYTHONPATH=str(tmp_path / "hook"), AUDIT_ROOT=str(watch))

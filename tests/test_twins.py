@@ -5,7 +5,7 @@ import sys
 
 import pytest
 import torch
-from helpers import ROOT, copy_scripts, load_checkpoint, max_weight_diff, read_metrics, run
+from helpers import ROOT, audit_env, copy_scripts, load_checkpoint, max_weight_diff, read_metrics, run
 
 METRIC_KEYS = {"epoch", "loss", "samples", "seconds", "samples_per_sec", "world_size", "backend", "device"}
 
@@ -59,29 +59,9 @@ def test_python_without_torchrun_is_a_one_process_job(tmp_path):
     check_metrics(tmp_path / "out/train_ddp", epochs=5, world_size=1, samples=2048)
 
 
-# Reports every file write under the test's folder, with the rank that made it, to
-# stderr: an audit hook installed in each worker through sitecustomize.
-AUDIT_HOOK = """
-import os, sys
-ROOT = os.environ["AUDIT_ROOT"]
-def hook(event, args):
-    if event == "open" and isinstance(args[0], str) and args[1] and set(args[1]) & set("wax+"):
-        path = args[0]
-    elif event in ("os.rename", "os.mkdir", "os.remove"):
-        path = os.fsdecode(args[1] if event == "os.rename" else args[0])
-    else:
-        return
-    if os.path.abspath(path).startswith(ROOT):
-        sys.stderr.write(f"AUDIT rank={os.environ.get('RANK')} {event} {path}\\n")
-sys.addaudithook(hook)
-"""
-
-
 def test_only_rank_0_writes_files_or_prints(tmp_path):
     work = copy_scripts(tmp_path)
-    (tmp_path / "hook").mkdir()
-    (tmp_path / "hook/sitecustomize.py").write_text(AUDIT_HOOK)
-    env = dict(os.environ, PYTHONPATH=str(tmp_path / "hook"), AUDIT_ROOT=str(work / "out"))
+    env = audit_env(tmp_path, watch=work / "out")
     logs = tmp_path / "logs"
     run(
         f"torchrun --standalone --nproc_per_node=2 --redirects=3 --log-dir={logs} train_ddp.py",
