@@ -86,10 +86,10 @@ if args.num_workers < 0:
 
 # checkpoints of an earlier run in --out_dir: a fresh run must not mix its files with them
 saved = sorted(Path(args.out_dir).glob("model_epoch_*.pt"), key=lambda p: int(p.stem.split("_")[-1]))
-if saved and not args.resume:
+if saved and not (args.resume and Path(args.resume).resolve() == saved[-1].resolve()):
     parser.error(
         f"--out_dir {args.out_dir} already holds {saved[-1].name} from an earlier run: "
-        f"add --resume {saved[-1]} to continue it, or choose another --out_dir"
+        f"add --resume {saved[-1]} to continue that run, or choose another --out_dir"
     )
 
 use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
@@ -151,11 +151,6 @@ if args.resume:
     model.load_state_dict(checkpoint["model_state_dict"])
     optimizer.load_state_dict(checkpoint["optimizer_state_dict"])
     start_epoch = checkpoint["epoch"]  # epochs done, so the index of the next one
-    if saved and int(saved[-1].stem.split("_")[-1]) > start_epoch:
-        parser.error(
-            f"--out_dir {args.out_dir} holds {saved[-1].name}, past --resume {args.resume}: "
-            "choose another --out_dir, so that the two runs' files do not mix"
-        )
 
 # -----------------------------------------------------------------------------
 # training loop

@@ -105,17 +105,10 @@ saved = sorted(Path(args.out_dir).glob("model_epoch_*.pt"), key=lambda p: int(p.
 # restart (TORCHELASTIC_RESTART_COUNT > 0) continues from the latest checkpoint by itself
 if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and saved:
     args.resume = str(saved[-1])
-# DDP step 8: torch 2.13's torchrun keeps its rendezvous store across restarts, and a
-# restarted worker may read a dead peer's address from it and fail to connect
-restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
-if restarts and os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") != "1" and os.environ["RANK"] == "0":
-    print(
-        "train_ddp.py: warning: for --max-restarts, set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1", file=sys.stderr
-    )
-if saved and not args.resume:
+if saved and not (args.resume and Path(args.resume).resolve() == saved[-1].resolve()):
     parser.error(
         f"--out_dir {args.out_dir} already holds {saved[-1].name} from an earlier run: "
-        f"add --resume {saved[-1]} to continue it, or choose another --out_dir"
+        f"add --resume {saved[-1]} to continue that run, or choose another --out_dir"
     )
 
 use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
@@ -135,6 +128,14 @@ if "RANK" not in os.environ:
 rank = int(os.environ["RANK"])
 local_rank = int(os.environ["LOCAL_RANK"])
 world_size = int(os.environ["WORLD_SIZE"])
+# DDP step 8: torch 2.13's torchrun keeps its rendezvous store across restarts, and a
+# restarted worker may read a dead peer's address from it and fail to connect
+if rank == 0 and os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") != "0":
+    if os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") != "1":
+        print(
+            "train_ddp.py: warning: with --max-restarts, set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
+            file=sys.stderr,
+        )
 # mistakes are caught here, in every process alike, before any process waits on another
 if use_cuda and local_rank >= torch.cuda.device_count():
     parser.error(
@@ -224,11 +225,6 @@ if args.resume:
     model.load_state_dict(checkpoint["model_state_dict"])
     optimizer.load_state_dict(checkpoint["optimizer_state_dict"])
     start_epoch = checkpoint["epoch"]  # epochs done, so the index of the next one
-    if saved and int(saved[-1].stem.split("_")[-1]) > start_epoch:
-        parser.error(
-            f"--out_dir {args.out_dir} holds {saved[-1].name}, past --resume {args.resume}: "
-            "choose another --out_dir, so that the two runs' files do not mix"
-        )
     dist.barrier()  # DDP step 6: every rank has loaded before any rank trains
 
 # -----------------------------------------------------------------------------

@@ -147,7 +147,7 @@ def test_resuming_an_older_checkpoint_into_a_later_runs_out_dir_is_refused(work,
     proc = run(
         f"python train_ddp.py {CRASH_RUN} --out_dir clean --resume clean/model_epoch_2.pt", cwd=work, expect=2
     )
-    assert "holds model_epoch_6.pt, past --resume" in proc.stderr.splitlines()[-1]
+    assert "already holds model_epoch_6.pt from an earlier run" in proc.stderr.splitlines()[-1]
 
 
 @pytest.mark.parametrize(
