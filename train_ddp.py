@@ -18,6 +18,7 @@ only the DDP steps, each named.
 
 import argparse
 import atexit  # DDP step 7: clean up on the way out
+import contextlib  # DDP step 9
 import gc  # DDP step 7
 import json
 import math
@@ -67,6 +68,15 @@ parser.add_argument("--epochs", type=positive_int, default=5, help="passes over 
 parser.add_argument("--batch_size", type=positive_int, default=64, help="samples per step, per process")
 parser.add_argument("--lr", type=positive_float, default=0.02, help="learning rate (SGD, momentum 0.9)")
 parser.add_argument("--dataset_size", type=positive_int, default=2048, help="training samples")
+parser.add_argument(
+    "--val_size", type=positive_int, default=512, help="held-out samples, evaluated each epoch"
+)
+parser.add_argument(
+    "--grad_accum_steps",
+    type=positive_int,
+    default=1,
+    help="micro-batches of --batch_size per optimizer step",
+)
 parser.add_argument(
     "--save_interval", type=positive_int, default=2, help="checkpoint every N epochs, and after the last"
 )
@@ -178,9 +188,15 @@ if use_cuda:
 in_features = 10
 data_gen = torch.Generator().manual_seed(args.seed)
 w = torch.randn(in_features, 1, generator=data_gen) / math.sqrt(in_features)  # the hidden function
-x = torch.randn(args.dataset_size, in_features, generator=data_gen)
-y = torch.sin(x @ w) + 0.1 * torch.randn(args.dataset_size, 1, generator=data_gen)  # noise floor 0.01
-dataset = TensorDataset(x, y)
+
+
+def draw(n):  # n samples of the task; the noise makes 0.01 the lowest loss reachable
+    x = torch.randn(n, in_features, generator=data_gen)
+    return TensorDataset(x, torch.sin(x @ w) + 0.1 * torch.randn(n, 1, generator=data_gen))
+
+
+dataset = draw(args.dataset_size)
+val_set = draw(args.val_size)  # held out: drawn after the training data, so disjoint from it
 # DDP step 3: shard the data. Each epoch, every rank draws the same seeded shuffle
 # and keeps every world_size-th index from its rank on: disjoint shards that cover
 # the data (padded with repeats when world_size does not divide it). So N processes
@@ -192,6 +208,14 @@ batches = BatchSampler(sampler, args.batch_size, drop_last=False)
 loader = DataLoader(
     dataset, sampler=batches, batch_size=None, num_workers=args.num_workers, pin_memory=use_cuda
 )
+val_sampler = DistributedSampler(val_set, shuffle=False)  # DDP step 10: each rank evaluates its shard
+val_count = len(range(rank, args.val_size, world_size))  # DDP step 10: its real samples, without repeats
+val_batches = BatchSampler(val_sampler, args.batch_size, drop_last=False)
+val_loader = DataLoader(val_set, sampler=val_batches, batch_size=None, pin_memory=use_cuda)
+if args.grad_accum_steps > len(loader):
+    parser.error(
+        f"--grad_accum_steps {args.grad_accum_steps} is more than the {len(loader)} batches of an epoch"
+    )
 
 # -----------------------------------------------------------------------------
 # model and optimizer: seeded, so every run starts from the same weights
@@ -254,12 +278,20 @@ for epoch in range(start_epoch, args.epochs):
     # which would stall a GPU every step, and the mean stays exact for a short last batch
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     samples = 0
-    for xb, yb in loader:
+    for step, (xb, yb) in enumerate(loader):
         xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
-        loss = loss_fn(model(xb), yb)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        # --grad_accum_steps K: K micro-batches make one optimizer step, each loss
+        # divided by K so that the step is that of one batch K times as large
+        last = (step + 1) % args.grad_accum_steps == 0 or step + 1 == len(loader)
+        # DDP step 9: accumulate gradients with no_sync. Inside model.no_sync(), backward()
+        # keeps its gradients local: they are all-reduced once, on the last micro-batch
+        # of the step, not K times
+        with contextlib.nullcontext() if last else model.no_sync():
+            loss = loss_fn(model(xb), yb)
+            (loss / args.grad_accum_steps).backward()
+        if last:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
         loss_sum += loss.detach() * len(xb)
         samples += len(xb)
     totals = torch.stack([loss_sum, loss_sum.new_tensor(samples)])
@@ -269,9 +301,26 @@ for epoch in range(start_epoch, args.epochs):
     dist.all_reduce(totals)
     loss_total, samples_total = totals.tolist()  # waits for the device, so the clock is honest
     seconds = time.perf_counter() - epoch_start
+
+    # evaluate on the held-out set: the mean loss over each of its samples, once
+    model.eval()
+    val_sum = torch.zeros((), dtype=torch.float64, device=device)
+    val_samples = 0
+    with torch.no_grad():
+        for xb, yb in val_loader:
+            xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
+            # DDP step 10: evaluate exactly. The sampler pads this rank's shard with repeats
+            # past its val_count real samples: they are cut off, so none counts twice
+            xb, yb = xb[: val_count - val_samples], yb[: val_count - val_samples]
+            val_sum += torch.nn.functional.mse_loss(model.module(xb), yb, reduction="sum")
+            val_samples += len(xb)
+    val_totals = torch.stack([val_sum, val_sum.new_tensor(val_samples)])
+    dist.all_reduce(val_totals)  # DDP step 10: sums and counts, once per epoch
+    val_total, val_samples_total = val_totals.tolist()
     record = {
         "epoch": epoch + 1,
         "loss": loss_total / samples_total,
+        "val_loss": val_total / val_samples_total,
         "samples": int(samples_total),
         "seconds": seconds,
         "samples_per_sec": samples_total / seconds,
@@ -281,7 +330,7 @@ for epoch in range(start_epoch, args.epochs):
     }
     if rank == 0:  # DDP step 5: one process reports for all
         print(
-            f"epoch {epoch + 1}/{args.epochs}  loss {record['loss']:.4f}  "
+            f"epoch {epoch + 1}/{args.epochs}  loss {record['loss']:.4f}  val_loss {record['val_loss']:.4f}  "
             f"{record['samples_per_sec']:,.0f} samples/s  elapsed {time.perf_counter() - start:.1f}s"
         )
         print(json.dumps(record), file=metrics, flush=True)

@@ -21,6 +21,7 @@ from helpers import (
 )
 
 FAULT = ROOT / "tests" / "fault.py"
+COUNT_ALLREDUCE = ROOT / "tests" / "count_allreduce.py"
 TORCHRUN_2 = "torchrun --standalone --nproc_per_node=2"
 
 
@@ -257,6 +258,8 @@ BAD_INPUT = [
     ("--resume bad/evil.pt", "refused, loading it would run code"),
     ("--out_dir bad/a_file/out", "is not a writable folder"),
     ("--device cuda", "no CUDA GPU"),
+    ("--grad_accum_steps 0", "must be a whole number of at least 1"),
+    ("--grad_accum_steps 100", "--grad_accum_steps 100 is more than the"),
 ]
 if torch.cuda.is_available():
     BAD_INPUT.remove(("--device cuda", "no CUDA GPU"))
@@ -303,6 +306,45 @@ def test_a_worker_that_fails_mid_epoch_ends_the_whole_job(work):
         f"{TORCHRUN_2} {FAULT} raise@1:40 train_ddp.py --out_dir failing", cwd=work, expect=1, timeout=50
     )
     assert "injected fault at step 40 of rank 1" in proc.stderr
+
+
+# Beyond the guide: gradient accumulation and exact evaluation -----------------------------
+
+
+def test_gradient_accumulation_equals_one_big_batch(reference):
+    flags = "--epochs 4 --dataset_size 2048"
+    big = reference(f"python single_gpu_baseline.py --batch_size 64 {flags}", "base_2048")
+    same_k = reference(
+        f"python single_gpu_baseline.py --batch_size 32 --grad_accum_steps 2 {flags}", "base32_k2"
+    )
+    ddp = reference(f"{TORCHRUN_2} train_ddp.py --batch_size 16 --grad_accum_steps 2 {flags}", "ddp2_k2")
+    assert_same_training(big, ddp, epoch=4, tolerance=1e-5)  # 2 processes x 16 x 2 steps = 64
+    assert_same_training(same_k, ddp, epoch=4, tolerance=1e-5)  # and the baseline at 2 x 16, K = 2
+
+
+def test_no_sync_cuts_the_all_reduces_by_k(work):
+    counts = {}
+    for k in (1, 4):
+        command = (
+            f"{TORCHRUN_2} {COUNT_ALLREDUCE} train_ddp.py --batch_size 16 --epochs 1 --grad_accum_steps {k}"
+        )
+        proc = run(f"{command} --out_dir allreduce_k{k}", cwd=work)
+        counts[k] = sorted(map(int, re.findall(r"ALLREDUCES rank=\d calls=(\d+)", proc.stderr)))
+    assert len(counts[1]) == 2 and counts[1][0] == counts[1][1] > 0, counts
+    assert counts[1] == [4 * c for c in counts[4]], counts  # 64 batches: 64 all-reduces, then 16
+
+
+@pytest.mark.parametrize("nproc, base_batch", [(1, 64), (2, 64), (3, 96)])
+def test_val_loss_is_exact_at_any_world_size(reference, nproc, base_batch):
+    # 499 held-out samples: no N here divides them, so the sampler pads with repeats
+    flags = "--epochs 3 --dataset_size 2016 --val_size 499"
+    base = reference(
+        f"python single_gpu_baseline.py --batch_size {base_batch} {flags}", f"val_base{base_batch}"
+    )
+    launcher = f"torchrun --standalone --nproc_per_node={nproc}"
+    ddp = reference(f"{launcher} train_ddp.py --batch_size {base_batch // nproc} {flags}", f"val_ddp{nproc}")
+    for b, d in zip(read_metrics(base), read_metrics(ddp), strict=True):
+        assert abs(b["val_loss"] - d["val_loss"]) <= 1e-6, (b, d)
 
 
 # 6. Concurrency --------------------------------------------------------------------------
