@@ -102,6 +102,10 @@ for regime, flags in REGIMES.items():
     cases[f"{regime} baseline"] = lambda flags=flags: throughput("single_gpu_baseline.py", flags)
     for n in nprocs:
         cases[f"{regime} N={n}"] = lambda flags=flags, n=n: throughput("train_ddp.py", flags, n)
+accumulating = nprocs[1] if len(nprocs) > 1 else None  # step 9's effect, where gradients are exchanged
+if accumulating:
+    accum_flags = [*REGIMES["small"], "--grad_accum_steps", "4"]
+    cases[f"small N={accumulating} K=4"] = lambda: throughput("train_ddp.py", accum_flags, accumulating)
 
 rounds = []
 for r in range(args.repeats):
@@ -129,6 +133,10 @@ for regime in REGIMES:
         derived[f"{regime}_efficiency_n{n}"] = summary(
             [one[f"{regime} N={n}"] / (n * one[f"{regime} N=1"]) for one in rounds]
         )
+if accumulating:  # --grad_accum_steps 4 against 1: a quarter of the all-reduces, the same samples
+    derived[f"small_accum_k4_speedup_n{accumulating}"] = summary(
+        [one[f"small N={accumulating} K=4"] / one[f"small N={accumulating}"] for one in rounds]
+    )
 
 if torch.cuda.is_available():
     machine = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name()}, nccl"
