@@ -1,4 +1,4 @@
-"""Train a small regression model with DistributedDataParallel (DDP), in 8 steps.
+"""Train a small regression model with DistributedDataParallel (DDP), in 10 steps.
 
 DDP step 8: launch with torchrun. It starts one copy of this script per process
 (one per GPU, or several on a CPU) and tells each copy who it is.
