@@ -5,7 +5,7 @@ import shutil
 
 import nbformat
 import pytest
-from helpers import ROOT, SCRIPTS
+from helpers import ROOT, copy_scripts
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
@@ -25,9 +25,8 @@ def execute(notebook, folder):
 
 
 def copy_project(dest):
-    for name in (*SCRIPTS, NOTEBOOK.name):
-        shutil.copy(ROOT / name, dest / name)
-    return dest
+    shutil.copy(NOTEBOOK, dest / NOTEBOOK.name)
+    return copy_scripts(dest)
 
 
 def test_the_notebook_is_stored_without_outputs():
