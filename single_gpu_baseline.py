@@ -3,28 +3,172 @@
     python single_gpu_baseline.py
     python single_gpu_baseline.py --epochs 10 --batch_size 64
 
-It runs on a GPU if there is one, else on the CPU (see --device). Its DDP twin is
-train_ddp.py: `diff -u single_gpu_baseline.py train_ddp.py` shows only the DDP
-steps, each named.
+It runs on a GPU if there is one, else on the CPU (see --device). Read it next to its
+DDP twin, train_ddp.py: `diff -u single_gpu_baseline.py train_ddp.py` shows only the
+DDP steps, each named. The guide's skeleton comes first (setup, train); the plumbing
+both scripts share (the command line, the --out_dir rule, safe checkpoints) comes after it.
 """
 
 import argparse
+import fcntl
+import gc
 import json
 import math
 import os
+import sys
 import time
 from pathlib import Path
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler, TensorDataset
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, TensorDataset
+
+# -----------------------------------------------------------------------------
+# the lesson: the guide's setup() and train(), its steps in its order
+
+
+def setup(args):
+    """Place this process on its device."""
+    device = torch.device(args.device)
+    return device
+
+
+def train(args):
+    """Train and evaluate, one epoch at a time, checkpointing as we go."""
+    device = setup(args)
+
+    # the data: every process draws the very same seeded data (the guide's unseeded
+    # torch.randn gives each rank different data, and random labels nothing can learn)
+    dataset, val_set = make_data(args)
+    # shuffle each epoch with a seeded generator (reseeded below), by the same rule as
+    # DistributedSampler, so that this baseline matches train_ddp.py batch for batch
+    sampler_gen = torch.Generator()
+    sampler = RandomSampler(dataset, generator=sampler_gen)
+    # batches come whole, as dataset[list of indices]: one indexing op each, instead of
+    # batch_size __getitem__ calls and a collate (4x faster for data already in memory)
+    batches = BatchSampler(sampler, args.batch_size, drop_last=False)
+    loader = DataLoader(
+        dataset,
+        sampler=batches,
+        batch_size=None,
+        num_workers=args.num_workers,
+        pin_memory=device.type == "cuda",  # page-locked host memory: copies to the GPU overlap compute
+    )
+    check_accumulation(args, len(loader))
+
+    torch.manual_seed(args.seed)  # every run starts from the same weights
+    model = make_model(args).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    loss_fn = torch.nn.MSELoss()
+    start_epoch = load_checkpoint(args.resume, args, model, optimizer, device)
+
+    metrics = open_metrics(args, start_epoch)
+    start = time.perf_counter()
+    for epoch in range(start_epoch, args.epochs):
+        sampler_gen.manual_seed(args.seed + epoch)  # a new shuffle each epoch, reproducible
+        model.train()
+        epoch_start = time.perf_counter()
+        # the loss is summed on the device as (loss x samples): no .item() per step,
+        # which would stall a GPU every step, and the mean stays exact for a short last batch
+        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+        samples = 0
+        for step, (xb, yb) in enumerate(loader):
+            xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
+            # --grad_accum_steps K: K micro-batches make one optimizer step, each loss
+            # divided by K so that the step is that of one batch K times as large
+            last = (step + 1) % args.grad_accum_steps == 0 or step + 1 == len(loader)
+            loss = loss_fn(model(xb), yb)
+            (loss / args.grad_accum_steps).backward()
+            if last:
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            loss_sum += loss.detach() * len(xb)
+            samples += len(xb)
+        totals = torch.stack([loss_sum, loss_sum.new_tensor(samples)])
+        loss_total, samples_total = totals.tolist()  # waits for the device, so the clock is honest
+        seconds = time.perf_counter() - epoch_start
+
+        # evaluate on the held-out set: the mean loss over each of its samples, once
+        model.eval()
+        val_sum = torch.zeros((), dtype=torch.float64, device=device)
+        val_samples = 0
+        val_indices = range(len(val_set))  # all of it, in order
+        with torch.no_grad():
+            for indices in BatchSampler(val_indices, args.batch_size, drop_last=False):
+                xb, yb = (tensor.to(device) for tensor in val_set[indices])
+                val_sum += torch.nn.functional.mse_loss(model(xb), yb, reduction="sum")
+                val_samples += len(xb)
+        val_totals = torch.stack([val_sum, val_sum.new_tensor(val_samples)])
+        val_total, val_samples_total = val_totals.tolist()
+        record = {
+            "epoch": epoch + 1,
+            "loss": loss_total / samples_total,
+            "val_loss": val_total / val_samples_total,
+            "samples": int(samples_total),
+            "seconds": seconds,
+            "samples_per_sec": samples_total / seconds,
+            "world_size": 1,
+            "backend": None,
+            "device": str(device),
+        }
+        check_finite(record)  # a diverged run stops here, before it logs or saves a NaN
+        report(record, metrics, args.epochs, time.perf_counter() - start)
+        save_checkpoint(args, model, optimizer, epoch + 1)  # every --save_interval epochs
 
 
 # -----------------------------------------------------------------------------
-# command line: the guide's flags plus a few of ours; --help shows every default
+# the task: data a small model can learn, and the model
+
+
+def make_data(args):
+    """Training and held-out samples of y = sin(x . w) + noise, from one seeded generator."""
+    generator = torch.Generator().manual_seed(args.seed)
+    w = torch.randn(IN_FEATURES, 1, generator=generator) / math.sqrt(IN_FEATURES)  # the hidden function
+
+    def draw(n):  # the noise makes 0.01 the lowest loss reachable
+        x = torch.randn(n, IN_FEATURES, generator=generator)
+        return TensorDataset(x, torch.sin(x @ w) + 0.1 * torch.randn(n, 1, generator=generator))
+
+    return draw(args.dataset_size), draw(args.val_size)  # held out: drawn after, so disjoint
+
+
+def make_model(args):
+    return torch.nn.Sequential(
+        torch.nn.Linear(IN_FEATURES, args.hidden_size),
+        torch.nn.ReLU(),
+        torch.nn.Linear(args.hidden_size, args.hidden_size),
+        torch.nn.ReLU(),
+        torch.nn.Linear(args.hidden_size, 1),
+    )
+
+
+IN_FEATURES = 10
+
+
+# -----------------------------------------------------------------------------
+# plumbing, byte for byte the same in both scripts: the command line and its checks,
+# the --out_dir rule, checkpoints written whole and read safely, the metrics file
+
+
+class Refused(Exception):
+    """A stop the user can act on (a bad flag, a folder in use, a diverged run): one line, no traceback."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse's own refusals (a bad value, an unknown flag) too
+        raise Refused(f"{message} (see --help)")
+
+
 def positive_int(text):
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, not {text}")
+    return value
+
+
+def positive_float(text):
+    value = float(text)
+    if not 0 < value < math.inf:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be a finite number above 0, not {text}")
     return value
 
 
@@ -38,210 +182,256 @@ def writable_dir(text):
     return text
 
 
-def positive_float(text):
-    value = float(text)
-    if not 0 < value < math.inf:  # also refuses nan
-        raise argparse.ArgumentTypeError(f"must be a finite number above 0, not {text}")
-    return value
-
-
-parser = argparse.ArgumentParser(
-    description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-)
-parser.add_argument("--epochs", type=positive_int, default=5, help="passes over the data")
-parser.add_argument("--batch_size", type=positive_int, default=64, help="samples per step, per process")
-parser.add_argument("--lr", type=positive_float, default=0.02, help="learning rate (SGD, momentum 0.9)")
-parser.add_argument("--dataset_size", type=positive_int, default=2048, help="training samples")
-parser.add_argument(
-    "--val_size", type=positive_int, default=512, help="held-out samples, evaluated each epoch"
-)
-parser.add_argument(
-    "--grad_accum_steps",
-    type=positive_int,
-    default=1,
-    help="micro-batches of --batch_size per optimizer step",
-)
-parser.add_argument(
-    "--save_interval", type=positive_int, default=2, help="checkpoint every N epochs, and after the last"
-)
-parser.add_argument("--seed", type=int, default=0, help="seeds the data, the initial weights, the shuffle")
-parser.add_argument(
-    "--out_dir",
-    type=writable_dir,
-    default=f"out/{Path(__file__).stem}",
-    help="where checkpoints and metrics.jsonl go",
-)
-parser.add_argument("--resume", metavar="PATH", help="a checkpoint to continue from, at its next epoch")
-parser.add_argument(
-    "--hidden_size",
-    type=positive_int,
-    default=64,
-    help="model width: wider means more compute for each byte of gradients exchanged",
-)
-parser.add_argument(
-    "--num_workers",
-    type=int,
-    default=0,
-    help="DataLoader worker processes; 0 is fastest for a dataset already in memory",
-)
-parser.add_argument(
-    "--device", choices=["auto", "cuda", "cpu"], default="auto", help="auto: CUDA if a GPU is visible"
-)
-args = parser.parse_args()
-if args.resume and not os.path.isfile(args.resume):
-    parser.error(f"--resume {args.resume}: no such file; pass a model_epoch_E.pt from a run's --out_dir")
-if args.num_workers < 0:
-    parser.error(f"--num_workers must be 0 or more, not {args.num_workers}")
-
-# checkpoints of an earlier run in --out_dir: a fresh run must not mix its files with them
-saved = sorted(Path(args.out_dir).glob("model_epoch_*.pt"), key=lambda p: int(p.stem.split("_")[-1]))
-if saved and not (args.resume and Path(args.resume).resolve() == saved[-1].resolve()):
-    parser.error(
-        f"--out_dir {args.out_dir} already holds {saved[-1].name} from an earlier run: "
-        f"add --resume {saved[-1]} to continue that run, or choose another --out_dir"
+def parse_args():
+    """The guide's flags plus a few of ours; --help shows every default."""
+    parser = Parser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
-
-use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-if use_cuda and not torch.cuda.is_available():
-    parser.error("--device cuda: PyTorch sees no CUDA GPU on this machine; use --device cpu")
-
-device = torch.device("cuda" if use_cuda else "cpu")
-
-# -----------------------------------------------------------------------------
-# data: a task the model can learn, y = sin(x . w) + noise, drawn from one seeded
-# generator, so every process builds the very same dataset (the guide's unseeded
-# torch.randn gives each rank different data, and random labels nothing can learn)
-in_features = 10
-data_gen = torch.Generator().manual_seed(args.seed)
-w = torch.randn(in_features, 1, generator=data_gen) / math.sqrt(in_features)  # the hidden function
-
-
-def draw(n):  # n samples of the task; the noise makes 0.01 the lowest loss reachable
-    x = torch.randn(n, in_features, generator=data_gen)
-    return TensorDataset(x, torch.sin(x @ w) + 0.1 * torch.randn(n, 1, generator=data_gen))
-
-
-dataset = draw(args.dataset_size)
-val_set = draw(args.val_size)  # held out: drawn after the training data, so disjoint from it
-# shuffle each epoch with a seeded generator (reseeded below), by the same rule as
-# DistributedSampler, so that this baseline matches train_ddp.py batch for batch
-sampler_gen = torch.Generator()
-sampler = RandomSampler(dataset, generator=sampler_gen)
-# batches come whole, as dataset[list of indices]: one indexing op each, instead of
-# batch_size __getitem__ calls and a collate (4x faster for data already in memory)
-batches = BatchSampler(sampler, args.batch_size, drop_last=False)
-loader = DataLoader(
-    dataset, sampler=batches, batch_size=None, num_workers=args.num_workers, pin_memory=use_cuda
-)
-val_sampler = SequentialSampler(val_set)
-val_batches = BatchSampler(val_sampler, args.batch_size, drop_last=False)
-val_loader = DataLoader(val_set, sampler=val_batches, batch_size=None, pin_memory=use_cuda)
-if args.grad_accum_steps > len(loader):
-    parser.error(
-        f"--grad_accum_steps {args.grad_accum_steps} is more than the {len(loader)} batches of an epoch"
+    parser.add_argument("--epochs", type=positive_int, default=5, help="passes over the data")
+    parser.add_argument("--batch_size", type=positive_int, default=64, help="samples per step, per process")
+    parser.add_argument("--lr", type=positive_float, default=0.02, help="learning rate (SGD, momentum 0.9)")
+    parser.add_argument("--dataset_size", type=positive_int, default=2048, help="training samples")
+    parser.add_argument(
+        "--val_size", type=positive_int, default=512, help="held-out samples, evaluated each epoch"
     )
+    parser.add_argument(
+        "--grad_accum_steps",
+        type=positive_int,
+        default=1,
+        help="micro-batches of --batch_size per optimizer step",
+    )
+    parser.add_argument(
+        "--save_interval", type=positive_int, default=2, help="checkpoint every N epochs, and after the last"
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seeds the data, the initial weights, the shuffle"
+    )
+    parser.add_argument(
+        "--out_dir",
+        type=writable_dir,
+        default=f"out/{Path(__file__).stem}",
+        help="where checkpoints and metrics go",
+    )
+    parser.add_argument(
+        "--resume",
+        metavar="PATH",
+        help="a checkpoint to continue from, at its next epoch; 'auto': the latest in --out_dir if there is "
+        "one, else start fresh (for restarts, requeued jobs, and running the same command again)",
+    )
+    parser.add_argument(
+        "--hidden_size",
+        type=positive_int,
+        default=64,
+        help="model width: wider means more compute for each byte of gradients exchanged",
+    )
+    parser.add_argument(
+        "--num_workers",
+        type=int,
+        default=0,
+        help="DataLoader worker processes; 0 is fastest for a dataset already in memory",
+    )
+    parser.add_argument(
+        "--device", choices=["auto", "cuda", "cpu"], default="auto", help="auto: CUDA if a GPU is visible"
+    )
+    args = parser.parse_args()
+    if args.resume not in (None, "auto") and not os.path.isfile(args.resume):
+        parser.error(f"--resume {args.resume}: no such file; pass a model_epoch_E.pt from a run's --out_dir")
+    if args.num_workers < 0:
+        parser.error(f"--num_workers must be 0 or more, not {args.num_workers}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: PyTorch sees no CUDA GPU on this machine; use --device cpu")
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    return args
 
-# -----------------------------------------------------------------------------
-# model and optimizer: seeded, so every run starts from the same weights
-torch.manual_seed(args.seed)
-model = torch.nn.Sequential(
-    torch.nn.Linear(in_features, args.hidden_size),
-    torch.nn.ReLU(),
-    torch.nn.Linear(args.hidden_size, args.hidden_size),
-    torch.nn.ReLU(),
-    torch.nn.Linear(args.hidden_size, 1),
-).to(device)
-optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-loss_fn = torch.nn.MSELoss()
 
-# resume: continue from a checkpoint's weights, optimizer state and epoch
-start_epoch = 0
-if args.resume:
-    # weights_only: a checkpoint is data, and loading one must never run code.
-    # map_location: straight onto this process's device, whatever device saved it.
-    try:
-        checkpoint = torch.load(args.resume, map_location=device, weights_only=True)
-        saved_width = checkpoint["config"]["hidden_size"]
-    except Exception as error:  # torch's own messages do not say which of these it is
-        parser.error(
-            f"--resume {args.resume}: refused, loading it would run code; ours hold only data"
-            if "unsupported GLOBAL" in str(error)
-            else f"--resume {args.resume}: not a whole checkpoint of these scripts (empty, cut short, other)"
+def check_out_dir(args):
+    """Runs never mix their files: a run into an --out_dir that holds checkpoints continues the
+    latest of them, and a folder another run is writing to is refused. Every process checks,
+    alike, before any of them waits on another. Sets args.resume to the checkpoint to start
+    from, or None."""
+    if args.resume == "auto":
+        args.resume = latest_checkpoint(args.out_dir)
+    check_continues(args)
+    path = Path(args.out_dir) / "metrics.jsonl"
+    if not path.exists():
+        return
+    with open(path, "rb") as metrics:
+        try:  # a running job holds metrics.jsonl locked (open_metrics, below): a shared lock fails then
+            fcntl.flock(metrics, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise Refused(
+                f"--out_dir {args.out_dir} is in use by another run: wait for it, or choose another"
+            ) from None
+        for number, line in enumerate(metrics, 1):  # a damaged history is refused before anything changes
+            if line.endswith(b"\n"):  # a last line without one was cut short by a crash: it is redone
+                try:
+                    json.loads(line)["epoch"]
+                except (ValueError, KeyError, TypeError):
+                    raise Refused(
+                        f"{path} line {number} is not an epoch's record: fix or remove that line"
+                    ) from None
+
+
+def latest_checkpoint(out_dir):
+    saved = [p for p in Path(out_dir).glob("model_epoch_*.pt") if p.stem.split("_")[-1].isdigit()]
+    return str(max(saved, key=lambda p: int(p.stem.split("_")[-1]))) if saved else None
+
+
+def check_continues(args):
+    """A run into an --out_dir that holds checkpoints must continue the latest of them."""
+    latest = latest_checkpoint(args.out_dir)
+    if latest and not (args.resume and Path(args.resume).resolve() == Path(latest).resolve()):
+        raise Refused(
+            f"--out_dir {args.out_dir} already holds {Path(latest).name} from an earlier run: add "
+            f"--resume {latest} (or --resume auto) to continue that run, or choose another --out_dir"
         )
-    if saved_width != args.hidden_size:
-        parser.error(f"--resume {args.resume} was trained with --hidden_size {saved_width}: pass that too")
-    model.load_state_dict(checkpoint["model_state_dict"])
-    optimizer.load_state_dict(checkpoint["optimizer_state_dict"])
-    start_epoch = checkpoint["epoch"]  # epochs done, so the index of the next one
 
-# -----------------------------------------------------------------------------
-# training loop
-os.makedirs(args.out_dir, exist_ok=True)
-metrics_path = Path(args.out_dir) / "metrics.jsonl"
-old = metrics_path.read_text().splitlines(keepends=True) if metrics_path.exists() else []
-metrics = open(metrics_path, "w")  # keeps the epochs up to the checkpoint's; a restart redoes the rest
-metrics.writelines(line for line in old if line.endswith("\n") and json.loads(line)["epoch"] <= start_epoch)
-start = time.perf_counter()
-for epoch in range(start_epoch, args.epochs):
-    sampler_gen.manual_seed(args.seed + epoch)  # a new shuffle each epoch, reproducible
-    model.train()
-    epoch_start = time.perf_counter()
-    # the loss is summed on the device as (loss x samples): no .item() per step,
-    # which would stall a GPU every step, and the mean stays exact for a short last batch
-    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-    samples = 0
-    for step, (xb, yb) in enumerate(loader):
-        xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
-        # --grad_accum_steps K: K micro-batches make one optimizer step, each loss
-        # divided by K so that the step is that of one batch K times as large
-        last = (step + 1) % args.grad_accum_steps == 0 or step + 1 == len(loader)
-        loss = loss_fn(model(xb), yb)
-        (loss / args.grad_accum_steps).backward()
-        if last:
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        loss_sum += loss.detach() * len(xb)
-        samples += len(xb)
-    totals = torch.stack([loss_sum, loss_sum.new_tensor(samples)])
-    loss_total, samples_total = totals.tolist()  # waits for the device, so the clock is honest
-    seconds = time.perf_counter() - epoch_start
 
-    # evaluate on the held-out set: the mean loss over each of its samples, once
-    model.eval()
-    val_sum = torch.zeros((), dtype=torch.float64, device=device)
-    val_samples = 0
-    with torch.no_grad():
-        for xb, yb in val_loader:
-            xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
-            val_sum += torch.nn.functional.mse_loss(model(xb), yb, reduction="sum")
-            val_samples += len(xb)
-    val_totals = torch.stack([val_sum, val_sum.new_tensor(val_samples)])
-    val_total, val_samples_total = val_totals.tolist()
-    record = {
-        "epoch": epoch + 1,
-        "loss": loss_total / samples_total,
-        "val_loss": val_total / val_samples_total,
-        "samples": int(samples_total),
-        "seconds": seconds,
-        "samples_per_sec": samples_total / seconds,
-        "world_size": 1,
-        "backend": None,
-        "device": str(device),
+def check_accumulation(args, batches):
+    if args.grad_accum_steps > batches:
+        raise Refused(
+            f"--grad_accum_steps {args.grad_accum_steps} is more than the {batches} batches of an epoch"
+        )
+
+
+def load_checkpoint(path, args, model, optimizer, device):
+    """Continue from a checkpoint's weights, optimizer state and epoch; return the next epoch's index.
+    Anything that does not fit this model and these flags is refused before training starts."""
+    if not path:
+        return 0
+    try:
+        # weights_only: a checkpoint is data, and loading one must never run code.
+        # map_location: straight onto this process's device, whatever device saved it.
+        checkpoint = torch.load(path, map_location=device, weights_only=True)
+        epoch, width = checkpoint["epoch"], checkpoint["config"]["hidden_size"]
+    except Exception as error:  # torch's own messages do not say which of these it is
+        raise Refused(
+            f"--resume {path}: refused, loading it would run code; ours hold only data"
+            if "unsupported GLOBAL" in str(error)
+            else f"--resume {path}: not a whole checkpoint of these scripts (empty, cut short, other)"
+        ) from None
+    if width != args.hidden_size:
+        raise Refused(f"--resume {path} was trained with --hidden_size {width}: pass that too")
+    if not isinstance(epoch, int) or epoch > args.epochs:
+        raise Refused(
+            f"--resume {path} has trained {epoch} epochs, more than --epochs {args.epochs}: pass more"
+        )
+    try:
+        model.load_state_dict(checkpoint["model_state_dict"])
+        optimizer.load_state_dict(checkpoint["optimizer_state_dict"])
+        for group in optimizer.param_groups:  # the momentum buffers must fit their weights
+            for param in group["params"]:
+                buffer = optimizer.state.get(param, {}).get("momentum_buffer")
+                if buffer is not None and buffer.shape != param.shape:
+                    raise ValueError(
+                        f"a momentum buffer of shape {tuple(buffer.shape)} for {tuple(param.shape)}"
+                    )
+    except (KeyError, TypeError, ValueError, RuntimeError) as error:
+        reason = str(error).strip().splitlines()[-1].strip()  # torch's last line names what does not fit
+        raise Refused(f"--resume {path} does not fit this model: {reason}") from None
+    return epoch  # epochs done, so the index of the next one
+
+
+def save_checkpoint(args, model, optimizer, epoch):
+    """Every --save_interval epochs, and after the last, write model_epoch_E.pt whole or not
+    at all: to a temporary file, flushed to disk, then renamed over. A crash or a full disk
+    leaves the previous checkpoints as they were, and no temporary file behind."""
+    if epoch % args.save_interval and epoch != args.epochs:
+        return
+    checkpoint = {
+        "epoch": epoch,
+        "model_state_dict": model.state_dict(),
+        "optimizer_state_dict": optimizer.state_dict(),
+        "config": vars(args),
     }
-    print(
-        f"epoch {epoch + 1}/{args.epochs}  loss {record['loss']:.4f}  val_loss {record['val_loss']:.4f}  "
-        f"{record['samples_per_sec']:,.0f} samples/s  elapsed {time.perf_counter() - start:.1f}s"
-    )
-    print(json.dumps(record), file=metrics, flush=True)
+    path = Path(args.out_dir) / f"model_epoch_{epoch}.pt"
+    temporary = path.with_name(path.name + ".tmp")
+    try:
+        with open(temporary, "wb") as file:  # a file of ours, so that errors come with their reason
+            torch.save(checkpoint, file)
+            file.flush()
+            os.fsync(file.fileno())  # on disk before the rename: a machine crash keeps it too
+        os.replace(temporary, path)  # atomic
+        folder = os.open(args.out_dir, os.O_RDONLY)
+        os.fsync(folder)  # the rename itself, on disk
+        os.close(folder)
+    except (OSError, RuntimeError) as error:  # torch wraps the file's own error (a full disk, say) in its own
+        while error.__context__ and not isinstance(error, OSError):
+            error = error.__context__
+        raise Refused(f"could not save {path}: {error}; the earlier checkpoints are kept") from None
+    finally:
+        temporary.unlink(missing_ok=True)
 
-    # save a checkpoint every --save_interval epochs, and after the last
-    if (epoch + 1) % args.save_interval == 0 or epoch + 1 == args.epochs:
-        checkpoint = {
-            "epoch": epoch + 1,
-            "model_state_dict": model.state_dict(),
-            "optimizer_state_dict": optimizer.state_dict(),
-            "config": vars(args),
-        }
-        path = os.path.join(args.out_dir, f"model_epoch_{epoch + 1}.pt")
-        torch.save(checkpoint, path + ".tmp")
-        os.replace(path + ".tmp", path)  # atomic: a crash mid-write leaves no broken checkpoint
+
+def open_metrics(args, start_epoch):
+    """Start metrics.jsonl: lock it for this run (one run per --out_dir at a time), and keep its
+    history up to the checkpoint's epoch, cut back in one step, so that no crash can lose or break it."""
+    os.makedirs(args.out_dir, exist_ok=True)
+    path = Path(args.out_dir) / "metrics.jsonl"
+    metrics = open(path, "a+b")  # opening never truncates, and every write goes to the end
+    try:
+        fcntl.flock(metrics, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held until this process ends
+    except BlockingIOError:
+        raise Refused(
+            f"--out_dir {args.out_dir} is in use by another run: wait for it, or choose another"
+        ) from None
+    check_continues(args)  # again, under the lock: a run started at the same time may have saved since
+    metrics.seek(0)
+    keep = 0  # bytes: the records of the epochs up to start_epoch (check_out_dir read them all)
+    for line in metrics if start_epoch else ():
+        if not line.endswith(b"\n") or json.loads(line)["epoch"] > start_epoch:
+            break
+        keep += len(line)
+    metrics.truncate(keep)  # the epochs after the checkpoint's are redone
+    for stale in Path(args.out_dir).glob("model_epoch_*.pt.tmp"):
+        stale.unlink()  # a save cut short by a killed process
+    if start_epoch == args.epochs:  # nothing to train: say so
+        print(
+            f"{Path(__file__).name}: {args.resume} has done all {args.epochs} epochs; raise --epochs for more"
+        )
+    return metrics
+
+
+def check_finite(record):
+    """Stop a diverged run: its loss is no longer a number, and neither are its weights."""
+    if not (math.isfinite(record["loss"]) and math.isfinite(record["val_loss"])):
+        raise Refused(
+            f"epoch {record['epoch']}: the loss is {record['loss']}, the run diverged; "
+            "no checkpoint of this epoch was saved: try a smaller --lr"
+        )
+
+
+def refuse(refusal, at_once=True):
+    """Print a refusal as one line and exit with argparse's code for usage errors. Under torchrun every
+    process refuses alike and one speaks at once; the others give torchrun a few seconds to stop them,
+    and speak only if it does not (a refusal that is theirs alone)."""
+    if not at_once:
+        time.sleep(5)
+    print(f"{Path(__file__).name}: error: {refusal}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    # at once, without Python's shutdown: nothing is left to finish, and in torch 2.13 that shutdown
+    # can abort a process whose worker threads are still alive (pytorch/pytorch#190489)
+    os._exit(2)
+
+
+def report(record, metrics, epochs, elapsed):
+    print(
+        f"epoch {record['epoch']}/{epochs}  loss {record['loss']:.4f}  val_loss {record['val_loss']:.4f}  "
+        f"{record['samples_per_sec']:,.0f} samples/s  elapsed {elapsed:.1f}s"
+    )
+    metrics.write(json.dumps(record, allow_nan=False).encode() + b"\n")
+    metrics.flush()
+
+
+if __name__ == "__main__":
+    try:
+        args = parse_args()
+        check_out_dir(args)
+        train(args)
+        # torch 2.13 imports parts of itself lazily, and some of them keep the frames that imported
+        # them in a reference cycle (pytorch/pytorch#195586): train()'s, with its model, among them.
+        # Collect it now, while Python is whole, not as it shuts down (pytorch/pytorch#190489).
+        gc.collect()
+    except Refused as refusal:
+        refuse(refusal)
