@@ -1,4 +1,4 @@
-"""Run a training script with one injected fault: the crash tests' tool, kept out of the scripts.
+"""Run a training script with one injected fault: the fault tests' tool, kept out of the scripts.
 
     torchrun --max-restarts=1 ... tests/fault.py FAULT train_ddp.py [flags]
 
@@ -6,12 +6,21 @@ FAULT is one of, acting in torchrun's first attempt only (a restart runs clean):
     kill@RANK:STEP  the process of global RANK kills itself with SIGKILL at its STEP-th optimizer step
     raise@RANK:STEP it raises an exception there instead
     cut@EPOCH       rank 0 dies with SIGKILL half-way through writing model_epoch_EPOCH.pt
+    full@EPOCH      the disk fills up half-way through writing model_epoch_EPOCH.pt (ENOSPC)
+    stale@RANK      the process of global RANK lists --out_dir without its newest checkpoint, as a
+                    node with a stale view of a shared filesystem may
+    syncs           report each os.fsync and os.replace on stderr, in order
+    hold            rank 0 holds still after it has saved model_epoch_1.pt, until a file named
+                    "release" appears in the working folder (so a test can act on a running job)
 """
 
+import errno
 import os
+import pathlib
 import runpy
 import signal
 import sys
+import time
 
 import torch
 
@@ -35,17 +44,69 @@ if kind in ("kill", "raise"):
         return sgd_step(self, *args, **kwargs)
 
     torch.optim.SGD.step = step_with_fault
-elif kind == "cut":
+elif kind in ("cut", "full"):
     save = torch.save
 
+    class FullDisk:
+        """A file whose disk fills up after its first kilobyte."""
+
+        def __init__(self, file):
+            self.file, self.written = file, 0
+
+        def write(self, data):
+            self.written += len(data)
+            if self.written > 1024:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return self.file.write(data)
+
+        def __getattr__(self, name):
+            return getattr(self.file, name)
+
     def save_with_fault(obj, f, *args, **kwargs):
+        name = getattr(f, "name", str(f))
+        hit = armed and str(name).endswith(f"model_epoch_{where}.pt.tmp")
+        if hit and kind == "full":
+            return save(obj, FullDisk(f), *args, **kwargs)
         save(obj, f, *args, **kwargs)
-        if armed and str(f).endswith(f"model_epoch_{where}.pt.tmp"):
-            with open(f, "r+b") as file:
-                file.truncate(os.path.getsize(f) // 2)
+        if hit:  # cut
+            f.flush()
+            os.truncate(name, os.path.getsize(name) // 2)
             os.kill(os.getpid(), signal.SIGKILL)
 
     torch.save = save_with_fault
+elif kind == "stale":
+    glob = pathlib.Path.glob
+
+    def stale_glob(self, pattern, *args, **kwargs):
+        found = sorted(glob(self, pattern, *args, **kwargs))
+        if rank == int(where) and pattern == "model_epoch_*.pt" and found:
+            newest = max(found, key=lambda p: int(p.stem.split("_")[-1]))
+            found.remove(newest)
+        return iter(found)
+
+    pathlib.Path.glob = stale_glob
+elif kind == "syncs":
+    fsync, replace = os.fsync, os.replace
+
+    def traced_fsync(fd):
+        sys.stderr.write(f"FSYNC {os.readlink(f'/proc/self/fd/{fd}')}\n")
+        return fsync(fd)
+
+    def traced_replace(src, dst, *args, **kwargs):
+        sys.stderr.write(f"REPLACE {os.path.abspath(src)} {os.path.abspath(dst)}\n")
+        return replace(src, dst, *args, **kwargs)
+
+    os.fsync, os.replace = traced_fsync, traced_replace
+elif kind == "hold":
+    replace = os.replace
+
+    def replace_then_hold(src, dst, *args, **kwargs):
+        replace(src, dst, *args, **kwargs)
+        if str(dst).endswith("model_epoch_1.pt"):
+            while not os.path.exists("release"):
+                time.sleep(0.1)
+
+    os.replace = replace_then_hold
 else:
     sys.exit(f"unknown fault {fault!r}")
 

@@ -22,8 +22,17 @@ def copy_scripts(dest):
     return dest
 
 
+def cpu_env(**extra):
+    """The environment of every process these tests start: pinned to the CPU, whatever the
+    machine has, so that the suite runs the same on a GPU machine as on CI (tests/test_gpu.py
+    is the set that uses GPUs)."""
+    return dict(os.environ, CUDA_VISIBLE_DEVICES="", **extra)
+
+
 def run(command, cwd, timeout=180, env=None, expect=0):
-    """Run a command as a user would type it; fail with its output if it exits otherwise."""
+    """Run a command as a user would type it, on the CPU unless env says otherwise; fail with
+    its output if it exits otherwise than expected."""
+    env = cpu_env() if env is None else env
     argv = command.split() if isinstance(command, str) else list(command)
     if argv[0] == "python":
         argv[0] = sys.executable
@@ -75,4 +84,4 @@ def audit_env(tmp_path, watch):
     """An environment in which every Python process reports its writes under watch."""
     (tmp_path / "hook").mkdir(exist_ok=True)
     (tmp_path / "hook/sitecustomize.py").write_text(AUDIT_HOOK)
-    return dict(os.environ, PYTHONPATH=str(tmp_path / "hook"), AUDIT_ROOT=str(watch))
+    return cpu_env(PYTHONPATH=str(tmp_path / "hook"), AUDIT_ROOT=str(watch))

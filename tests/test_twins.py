@@ -1,11 +1,19 @@
 """The twin scripts run as the README says, train, and write what other tools read."""
 
-import os
 import sys
 
 import pytest
 import torch
-from helpers import ROOT, audit_env, copy_scripts, load_checkpoint, max_weight_diff, read_metrics, run
+from helpers import (
+    ROOT,
+    audit_env,
+    copy_scripts,
+    cpu_env,
+    load_checkpoint,
+    max_weight_diff,
+    read_metrics,
+    run,
+)
 
 METRIC_KEYS = {"epoch", "loss", "samples", "seconds", "samples_per_sec", "world_size", "backend", "device"}
 
@@ -53,7 +61,7 @@ def test_the_guides_own_command(tmp_path):
 
 
 def test_python_without_torchrun_is_a_one_process_job(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env = {k: v for k, v in cpu_env().items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     proc = run("python train_ddp.py", cwd=copy_scripts(tmp_path), env=env)
     assert proc.stdout.splitlines()[0].startswith("train_ddp.py: not started by torchrun")
     check_metrics(tmp_path / "out/train_ddp", epochs=5, world_size=1, samples=2048)

@@ -1,0 +1,261 @@
+"""Faults a careful user meets, through the real entry points: each ends in a correct run or in
+one clear error line (non-zero exit, no traceback from our scripts), with no history lost, no
+NaN saved and no stray file left."""
+
+import json
+import subprocess
+import time
+
+import pytest
+import torch
+from helpers import (
+    ROOT,
+    TORCHRUN,
+    copy_scripts,
+    cpu_env,
+    load_checkpoint,
+    read_metrics,
+    run,
+)
+
+FAULT = ROOT / "tests" / "fault.py"
+TORCHRUN_2 = "torchrun --standalone --nproc_per_node=2"
+SMALL = "--dataset_size 512 --val_size 64 --save_interval 1"
+
+
+@pytest.fixture
+def work(tmp_path):
+    return copy_scripts(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """The last checkpoint of a run never interrupted, made once: what resumed runs must equal."""
+    folder = copy_scripts(tmp_path_factory.mktemp("straight"))
+    run(f"{TORCHRUN_2} train_ddp.py --epochs 4 {SMALL} --out_dir straight", cwd=folder)
+    return load_checkpoint(folder / "straight/model_epoch_4.pt")
+
+
+def assert_bit_identical(a, b):
+    for key, value in a["model_state_dict"].items():
+        assert torch.equal(value, b["model_state_dict"][key]), key
+
+
+def error_lines(proc, script="train_ddp.py"):
+    return [line for line in proc.stderr.splitlines() if line.startswith(f"{script}: error:")]
+
+
+def assert_one_clear_line(proc, message, script="train_ddp.py"):
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    errors = error_lines(proc, script)
+    assert len(errors) == 1 and message in errors[0], proc.stderr
+    assert f'{script}", line' not in proc.stderr, "the script itself printed a traceback"
+
+
+def snapshot(folder):
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def strict_records(folder):
+    """metrics.jsonl, parsed as strict JSON: a bare NaN or Infinity fails."""
+
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+
+    text = (folder / "metrics.jsonl").read_text()
+    assert text.endswith("\n") or not text
+    return [json.loads(line, parse_constant=refuse) for line in text.splitlines()]
+
+
+# One job per --out_dir ---------------------------------------------------------------------
+
+
+def test_a_second_job_into_a_running_jobs_out_dir_is_refused_and_changes_nothing(work):
+    # the first job holds still after its first checkpoint, until the test releases it
+    command = f"{TORCHRUN_2} {FAULT} hold train_ddp.py --epochs 4 {SMALL} --out_dir shared".split()
+    first = subprocess.Popen(
+        [TORCHRUN, *command[1:]],
+        cwd=work,
+        env=cpu_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (work / "shared/model_epoch_1.pt").exists():
+            assert time.monotonic() < deadline and first.poll() is None, first.communicate()
+            time.sleep(0.2)
+        before = snapshot(work / "shared")
+        # --resume auto takes the running job's checkpoint, and then finds the folder locked
+        second = run(
+            f"{TORCHRUN_2} train_ddp.py --epochs 4 {SMALL} --resume auto --out_dir shared", cwd=work, expect=1
+        )
+        assert_one_clear_line(second, "--out_dir shared is in use by another run")
+        assert snapshot(work / "shared") == before
+    finally:
+        (work / "release").touch()
+        stdout, stderr = first.communicate(timeout=180)
+    assert first.returncode == 0, stdout + stderr
+    assert [r["epoch"] for r in strict_records(work / "shared")] == [1, 2, 3, 4]
+
+
+def test_two_jobs_started_together_into_one_out_dir_never_mix(work):
+    command = f"{TORCHRUN_2} train_ddp.py --epochs 8 {SMALL} --out_dir together".split()
+    command[0] = TORCHRUN
+    jobs = [
+        subprocess.Popen(
+            command, cwd=work, env=cpu_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
+    results = [(job, *job.communicate(timeout=180)) for job in jobs]
+    passed = [job for job, _, _ in results if job.returncode == 0]
+    assert len(passed) == 1, [out + err for _, out, err in results]
+    for job, _, err in results:
+        if job.returncode != 0:  # refused by the lock, or by the other job's first checkpoint
+            errors = [line for line in err.splitlines() if line.startswith("train_ddp.py: error:")]
+            assert len(errors) == 1 and "--out_dir together" in errors[0], err
+            assert "is in use by another run" in errors[0] or "already holds" in errors[0], err
+    assert [r["epoch"] for r in strict_records(work / "together")] == list(range(1, 9))
+    assert load_checkpoint(work / "together/model_epoch_8.pt")["epoch"] == 8
+
+
+# metrics.jsonl is never lost ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("damage", ["not json\n", "\n"], ids=["a_non_json_line", "a_blank_line"])
+def test_a_damaged_metrics_file_is_refused_and_kept_as_it_was(work, damage):
+    run(f"python train_ddp.py --epochs 3 {SMALL} --out_dir run", cwd=work)
+    lines = (work / "run/metrics.jsonl").read_text().splitlines(keepends=True)
+    (work / "run/metrics.jsonl").write_text(lines[0] + damage + "".join(lines[1:]))
+    before = snapshot(work / "run")
+    proc = run(f"python train_ddp.py --epochs 5 {SMALL} --resume auto --out_dir run", cwd=work, expect=2)
+    assert_one_clear_line(proc, "metrics.jsonl line 2 is not an epoch's record")
+    assert snapshot(work / "run") == before
+
+
+def test_a_last_line_cut_short_by_a_crash_is_dropped_and_the_rest_kept(work):
+    run(f"python train_ddp.py --epochs 2 {SMALL} --out_dir run", cwd=work)
+    with open(work / "run/metrics.jsonl", "a") as metrics:
+        metrics.write('{"epoch": 3, "lo')  # a crash in the middle of epoch 3's line
+    run(f"python train_ddp.py --epochs 4 {SMALL} --resume auto --out_dir run", cwd=work)
+    records = strict_records(work / "run")
+    assert [r["epoch"] for r in records] == [1, 2, 3, 4]
+
+
+# Divergence --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("launcher", ["python", TORCHRUN_2])
+def test_a_diverged_run_stops_with_one_line_and_saves_no_nan(work, launcher):
+    proc = run(f"{launcher} train_ddp.py --lr 1e6 --epochs 4 {SMALL} --out_dir big_lr", cwd=work, expect=None)
+    assert_one_clear_line(proc, "the run diverged")
+    assert "try a smaller --lr" in error_lines(proc)[0]
+    assert strict_records(work / "big_lr") == []  # nothing logged, and only strict JSON
+    assert not list((work / "big_lr").glob("*.pt*")), "a checkpoint of a diverged run was written"
+
+
+# Saving ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("launcher", ["python", TORCHRUN_2])
+def test_a_full_disk_while_saving_says_so_and_keeps_the_previous_checkpoint(work, launcher):
+    proc = run(
+        f"{launcher} {FAULT} full@3 train_ddp.py --epochs 4 {SMALL} --out_dir full", cwd=work, expect=None
+    )
+    assert proc.returncode != 0
+    errors = error_lines(proc)
+    assert len(errors) == 1 and "No space left on device" in errors[0], proc.stderr
+    if launcher == "python":  # under torchrun, the other rank may also report its lost connection to rank 0
+        assert 'train_ddp.py", line' not in proc.stderr, "the script itself printed a traceback"
+    assert sorted(p.name for p in (work / "full").iterdir()) == [
+        "metrics.jsonl",
+        "model_epoch_1.pt",
+        "model_epoch_2.pt",
+    ], "a half-written checkpoint was left behind"
+    assert load_checkpoint(work / "full/model_epoch_2.pt")["epoch"] == 2
+
+
+def test_a_checkpoint_is_on_disk_before_it_is_renamed_into_place(work):
+    proc = run(f"python {FAULT} syncs train_ddp.py --epochs 1 {SMALL} --out_dir synced", cwd=work)
+    trace = [line.split() for line in proc.stderr.splitlines() if line.startswith(("FSYNC", "REPLACE"))]
+    final = str(work / "synced/model_epoch_1.pt")
+    assert trace == [
+        ["FSYNC", final + ".tmp"],  # the file's data
+        ["REPLACE", final + ".tmp", final],
+        ["FSYNC", str(work / "synced")],  # the rename
+    ], trace
+
+
+def test_a_stray_temporary_file_of_a_killed_save_is_removed(work):
+    run(f"python train_ddp.py --epochs 2 {SMALL} --out_dir run", cwd=work)
+    (work / "run/model_epoch_3.pt.tmp").write_bytes(b"half a checkpoint")
+    run(f"python train_ddp.py --epochs 3 {SMALL} --resume auto --out_dir run", cwd=work)
+    assert sorted(p.name for p in (work / "run").iterdir()) == [
+        "metrics.jsonl",
+        "model_epoch_1.pt",
+        "model_epoch_2.pt",
+        "model_epoch_3.pt",
+    ]
+
+
+# Resuming ----------------------------------------------------------------------------------
+
+
+def test_resume_auto_starts_fresh_then_continues_as_a_straight_run(work, straight):
+    run(f"{TORCHRUN_2} train_ddp.py --epochs 2 {SMALL} --resume auto --out_dir requeued", cwd=work)  # fresh
+    run(f"{TORCHRUN_2} train_ddp.py --epochs 4 {SMALL} --resume auto --out_dir requeued", cwd=work)  # again
+    assert [r["epoch"] for r in read_metrics(work / "requeued")] == [1, 2, 3, 4]
+    assert_bit_identical(straight, load_checkpoint(work / "requeued/model_epoch_4.pt"))
+
+
+def test_resuming_a_finished_run_says_so_and_changes_nothing(work):
+    run(f"{TORCHRUN_2} train_ddp.py --epochs 2 {SMALL} --out_dir done", cwd=work)
+    before = snapshot(work / "done")
+    proc = run(f"{TORCHRUN_2} train_ddp.py --epochs 2 {SMALL} --resume auto --out_dir done", cwd=work)
+    assert proc.stdout.count("has done all 2 epochs; raise --epochs for more") == 1, proc.stdout
+    assert snapshot(work / "done") == before
+
+
+def test_fewer_epochs_than_the_checkpoint_has_done_is_refused(work):
+    run(f"python train_ddp.py --epochs 2 {SMALL} --out_dir done", cwd=work)
+    proc = run(f"python train_ddp.py --epochs 1 {SMALL} --resume auto --out_dir done", cwd=work, expect=2)
+    assert_one_clear_line(proc, "has trained 2 epochs, more than --epochs 1")
+
+
+def test_rank_0_chooses_the_checkpoint_every_rank_resumes(work, straight):
+    # rank 1 sees --out_dir without its newest checkpoint, as a node with a stale view of a
+    # shared filesystem may: it must still resume from rank 0's choice, with rank 0
+    run(f"{TORCHRUN_2} train_ddp.py --epochs 3 {SMALL} --out_dir stale", cwd=work)
+    run(
+        f"{TORCHRUN_2} {FAULT} stale@1 train_ddp.py --epochs 4 {SMALL} --resume auto --out_dir stale",
+        cwd=work,
+    )
+    assert [r["epoch"] for r in read_metrics(work / "stale")] == [1, 2, 3, 4]
+    assert_bit_identical(straight, load_checkpoint(work / "stale/model_epoch_4.pt"))
+
+
+# Launching ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "given, missing",
+    [
+        ({"RANK": "0"}, "LOCAL_RANK and WORLD_SIZE"),
+        ({"RANK": "0", "WORLD_SIZE": "1"}, "LOCAL_RANK"),
+    ],
+    ids=["RANK", "RANK_WORLD_SIZE"],
+)
+def test_half_a_torchrun_environment_gets_one_clear_line(work, given, missing):
+    proc = run("python train_ddp.py --out_dir half", cwd=work, env=cpu_env(**given), expect=2)
+    assert_one_clear_line(proc, f"{missing} not set: launch with torchrun, which sets them all")
+    assert not (work / "half").exists()
+
+
+def test_under_torchrun_a_refusal_is_printed_once_and_nothing_waits(work):
+    start = time.monotonic()
+    proc = run(f"{TORCHRUN_2} train_ddp.py --batch_size 0", cwd=work, expect=1, timeout=60)
+    assert_one_clear_line(proc, "--batch_size: must be a whole number of at least 1")
+    assert proc.stderr.count("usage:") == 0
+    assert time.monotonic() - start < 30
