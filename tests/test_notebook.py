@@ -1,7 +1,10 @@
-"""The workshop notebook runs top to bottom as an attendee's would, and is stored clean."""
+"""The workshop notebook runs top to bottom as an attendee's would, writes nothing outside its
+out/ folder, and is committed without outputs."""
 
+import os
 import re
 import shutil
+import subprocess
 
 import nbformat
 import pytest
@@ -16,29 +19,61 @@ def read_notebook():
     return nbformat.read(NOTEBOOK, as_version=4)
 
 
-def execute(notebook, folder):
+def committed_notebook():
+    """The notebook as git would commit it: the version in the index, so that an attendee's run,
+    saved into the working file with its outputs, fails nothing. Outside a git checkout, or
+    before the notebook is tracked, the working file."""
+    try:
+        staged = subprocess.run(
+            ["git", "show", f":./{NOTEBOOK.name}"], cwd=ROOT, capture_output=True, text=True, check=True
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return read_notebook()
+    return nbformat.reads(staged.stdout, as_version=4)
+
+
+def execute(notebook, folder, **settings):
+    """Run the notebook's cells in folder, in a kernel whose every process is pinned to the CPU,
+    as on a machine without a GPU. The WALKTHROUGH_* settings of whoever runs the tests are
+    left out; settings adds some."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("WALKTHROUGH_")}
     client = NotebookClient(
         notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(folder)}}
     )
-    client.execute()  # raises CellExecutionError at the first cell that fails
+    client.execute(env=dict(env, CUDA_VISIBLE_DEVICES="", **settings))  # raises at the first failing cell
     return notebook
 
 
 def copy_project(dest):
+    """What the notebook reads: itself, the twin scripts and the pitfalls."""
     shutil.copy(NOTEBOOK, dest / NOTEBOOK.name)
+    shutil.copytree(ROOT / "pitfalls", dest / "pitfalls", ignore=shutil.ignore_patterns("__pycache__"))
     return copy_scripts(dest)
 
 
-def test_the_notebook_is_stored_without_outputs():
+def files(folder):
+    return {path.relative_to(folder): path.read_bytes() for path in folder.rglob("*") if path.is_file()}
+
+
+def outputs(cell):
+    return "".join(output.get("text", "") for output in cell.get("outputs", []))
+
+
+def plumbing_cell():
+    return next(cell for cell in read_notebook().cells if "def run(" in cell.source)
+
+
+def test_the_notebook_is_committed_without_outputs():
     dirty = [
         i
-        for i, cell in enumerate(read_notebook().cells)
+        for i, cell in enumerate(committed_notebook().cells)
         if cell.cell_type == "code" and (cell.outputs or cell.execution_count is not None)
     ]
     assert not dirty, (
-        f'code cells {dirty} hold outputs; strip them with python -c "import nbformat as n; '
-        "b = n.read('walkthrough.ipynb', 4); [c.update(outputs=[], execution_count=None) for c in b.cells "
-        "if c.cell_type == 'code']; n.write(b, 'walkthrough.ipynb')\""
+        f"code cells {dirty} of walkthrough.ipynb, as staged for commit, hold outputs; strip them with "
+        "python -c \"import nbformat as n; b = n.read('walkthrough.ipynb', 4); [c.update(outputs=[], "
+        "execution_count=None) for c in b.cells if c.cell_type == 'code']; n.write(b, 'walkthrough.ipynb')\""
+        " and git add walkthrough.ipynb again"
     )
 
 
@@ -49,28 +84,53 @@ def test_the_notebook_headings_are_the_steps_of_the_readme():
     assert headings == readme
 
 
-def test_the_notebook_runs_top_to_bottom_and_shows_what_it_says(tmp_path):
-    notebook = execute(read_notebook(), copy_project(tmp_path))
+def test_the_notebook_runs_top_to_bottom_writes_only_its_out_folder_and_shows_what_it_says(tmp_path):
+    given = files(copy_project(tmp_path))
+    notebook = execute(read_notebook(), tmp_path)
+    after = files(tmp_path)
+    assert {path: after.get(path) for path in given} == given, "the notebook changed a file it was given"
+    elsewhere = [path for path in after.keys() - given.keys() if path.parts[0] != "out"]
+    assert all("__pycache__" in path.parts for path in elsewhere), elsewhere  # git ignores both
+    assert not (tmp_path / "figures").exists()  # the README's figures only with WALKTHROUGH_FIGURES
     for figure in ("loss.png", "scaling.png"):
-        assert (tmp_path / "figures" / figure).stat().st_size > 10_000, figure
-    text = "".join(
-        output.get("text", "")
-        for cell in notebook.cells
-        if cell.cell_type == "code"
-        for output in cell.outputs
-    )
-    gaps = re.findall(r"N=(\d): largest per-epoch loss difference from the baseline: (\S+)", text)
-    assert [n for n, _ in gaps] == ["1", "2", "4"]
-    assert all(float(gap) <= 1e-5 for _, gap in gaps), gaps  # the curves do overlap
-    assert len(re.findall(r"efficiency \d\.\d\d", text)) == 6  # 2 regimes x 3 process counts
+        assert (tmp_path / "out/walkthrough" / figure).stat().st_size > 10_000, figure
+
+    cells = [cell for cell in notebook.cells if cell.cell_type == "code"]
+    views = [
+        outputs(cell).split("\n\n")[0] for cell in cells if re.search(r"^show_step\(", cell.source, re.M)
+    ]
+    assert len(views) == 10
+    assert all(0 < len(view.splitlines()) <= 25 for view in views), views  # a step's lines, not a hunk
+
+    text = "".join(map(outputs, cells))
+    gaps = re.findall(r"N=(\d): largest per-epoch difference from the baseline, (\S+) loss: (\S+)", text)
+    # on a CPU, the loss curves run 1, 2 and 4 processes
+    assert [(n, loss) for n, loss, _ in gaps] == [
+        (n, loss) for loss in ("training", "held-out") for n in "124"
+    ]
+    assert all(float(gap) <= 1e-5 for _, _, gap in gaps), gaps  # the curves do overlap
+    # and the scaling runs as many as there are cores, at most 4
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    scaling = [n for n in (1, 2, 4) if n <= cores]
+    assert f"scaling: process counts {scaling}," in text
+    rows = re.findall(r"^(small|wide) +N=(\d): .* efficiency \d\.\d\d \(\d\.\d\d to \d\.\d\d\)", text, re.M)
+    assert rows == [(regime, str(n)) for regime in ("small", "wide") for n in scaling]
 
 
 def test_a_failed_run_fails_its_cell(tmp_path):
-    setup = read_notebook().cells[1]
-    assert "def run(" in setup.source
     notebook = nbformat.v4.new_notebook(
-        cells=[setup, nbformat.v4.new_code_cell('run("train_ddp.py", "--batch_size=0", nproc=2)')],
+        cells=[plumbing_cell(), nbformat.v4.new_code_cell('run("train_ddp.py", "--batch_size=0", nproc=2)')],
         metadata=read_notebook().metadata,
     )
     with pytest.raises(CellExecutionError, match="exited with 1"):
         execute(notebook, copy_project(tmp_path))
+
+
+def test_the_figures_go_where_walkthrough_figures_says(tmp_path):
+    notebook = nbformat.v4.new_notebook(
+        cells=[plumbing_cell(), nbformat.v4.new_code_cell("print(FIGURES)")],
+        metadata=read_notebook().metadata,
+    )
+    execute(notebook, copy_project(tmp_path), WALKTHROUGH_FIGURES="figures")
+    assert outputs(notebook.cells[-1]) == "figures\n"
+    assert (tmp_path / "figures").is_dir() and (tmp_path / "out/walkthrough").is_dir()
