@@ -257,12 +257,7 @@ def check_out_dir(args):
     if not path.exists():
         return
     with open(path, "rb") as metrics:
-        try:  # a running job holds metrics.jsonl locked (open_metrics, below): a shared lock fails then
-            fcntl.flock(metrics, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise Refused(
-                f"--out_dir {args.out_dir} is in use by another run: wait for it, or choose another"
-            ) from None
+        lock(metrics, fcntl.LOCK_SH, args)  # fails while a running job holds it (open_metrics, below)
         for number, line in enumerate(metrics, 1):  # a damaged history is refused before anything changes
             if line.endswith(b"\n"):  # a last line without one was cut short by a crash: it is redone
                 try:
@@ -271,6 +266,15 @@ def check_out_dir(args):
                     raise Refused(
                         f"{path} line {number} is not an epoch's record: fix or remove that line"
                     ) from None
+
+
+def lock(file, kind, args):
+    try:
+        fcntl.flock(file, kind | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise Refused(
+            f"--out_dir {args.out_dir} is in use by another run: wait for it, or choose another"
+        ) from None
 
 
 def latest_checkpoint(out_dir):
@@ -366,16 +370,12 @@ def save_checkpoint(args, model, optimizer, epoch):
 
 def open_metrics(args, start_epoch):
     """Start metrics.jsonl: lock it for this run (one run per --out_dir at a time), and keep its
-    history up to the checkpoint's epoch, cut back in one step, so that no crash can lose or break it."""
+    history up to the checkpoint's epoch, cut back in one step, so that no crash can lose or break it.
+    Under the lock, also remove what a killed save left, and say when there is nothing to train."""
     os.makedirs(args.out_dir, exist_ok=True)
     path = Path(args.out_dir) / "metrics.jsonl"
     metrics = open(path, "a+b")  # opening never truncates, and every write goes to the end
-    try:
-        fcntl.flock(metrics, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held until this process ends
-    except BlockingIOError:
-        raise Refused(
-            f"--out_dir {args.out_dir} is in use by another run: wait for it, or choose another"
-        ) from None
+    lock(metrics, fcntl.LOCK_EX, args)  # held until this process ends
     check_continues(args)  # again, under the lock: a run started at the same time may have saved since
     metrics.seek(0)
     keep = 0  # bytes: the records of the epochs up to start_epoch (check_out_dir read them all)
@@ -397,8 +397,8 @@ def check_finite(record):
     """Stop a diverged run: its loss is no longer a number, and neither are its weights."""
     if not (math.isfinite(record["loss"]) and math.isfinite(record["val_loss"])):
         raise Refused(
-            f"epoch {record['epoch']}: the loss is {record['loss']}, the run diverged; "
-            "no checkpoint of this epoch was saved: try a smaller --lr"
+            f"epoch {record['epoch']}: the loss is {record['loss']} (held out: {record['val_loss']}), "
+            "the run diverged; no checkpoint of this epoch was saved: try a smaller --lr"
         )
 
 
