@@ -10,7 +10,6 @@ both scripts share (the command line, the --out_dir rule, safe checkpoints) come
 """
 
 import argparse
-import fcntl
 import gc
 import json
 import math
@@ -19,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import filelock
 import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, TensorDataset
 
@@ -182,6 +182,9 @@ def writable_dir(text):
     return text
 
 
+RUNS = Path("out") / Path(__file__).stem  # where runs go without --out_dir: RUNS/run_1, RUNS/run_2, ...
+
+
 def parse_args():
     """The guide's flags plus a few of ours; --help shows every default."""
     parser = Parser(
@@ -209,14 +212,15 @@ def parse_args():
     parser.add_argument(
         "--out_dir",
         type=writable_dir,
-        default=f"out/{Path(__file__).stem}",
-        help="where checkpoints and metrics go",
+        default=str(RUNS / "run_N"),
+        help="where checkpoints and metrics go; run_N: a new folder each run (run_1, run_2, ...), and with "
+        "--resume auto the latest one",
     )
     parser.add_argument(
         "--resume",
         metavar="PATH",
         help="a checkpoint to continue from, at its next epoch; 'auto': the latest in --out_dir if there is "
-        "one, else start fresh (for restarts, requeued jobs, and running the same command again)",
+        "one, else start fresh (for restarts, requeued jobs, and continuing a run)",
     )
     parser.add_argument(
         "--hidden_size",
@@ -248,16 +252,21 @@ def parse_args():
 def check_out_dir(args):
     """Runs never mix their files: a run into an --out_dir that holds checkpoints continues the
     latest of them, and a folder another run is writing to is refused. Every process checks,
-    alike, before any of them waits on another. Sets args.resume to the checkpoint to start
+    alike, before any of them waits on another. Sets args.out_dir to the run's folder (for run_N,
+    the next N, or with --resume auto the latest), and args.resume to the checkpoint to start
     from, or None."""
+    if Path(args.out_dir) == RUNS / "run_N":  # every process finds the same N: none is made before all met
+        done = [int(p.name[4:]) for p in RUNS.glob("run_*") if p.name[4:].isdigit()]
+        latest = max(done, default=0)
+        args.out_dir = str(RUNS / f"run_{latest if args.resume == 'auto' and latest else latest + 1}")
     if args.resume == "auto":
         args.resume = latest_checkpoint(args.out_dir)
     check_continues(args)
     path = Path(args.out_dir) / "metrics.jsonl"
     if not path.exists():
         return
+    lock(args).release()  # refused while a running job holds it (open_metrics, below)
     with open(path, "rb") as metrics:
-        lock(metrics, fcntl.LOCK_SH, args)  # fails while a running job holds it (open_metrics, below)
         for number, line in enumerate(metrics, 1):  # a damaged history is refused before anything changes
             if line.endswith(b"\n"):  # a last line without one was cut short by a crash: it is redone
                 try:
@@ -268,13 +277,18 @@ def check_out_dir(args):
                     ) from None
 
 
-def lock(file, kind, args):
+def lock(args):
+    """Take --out_dir's lock, or refuse: a running job holds it. It waits a second, which lets the
+    processes of one new job take it in turn to check (check_out_dir). The operating system drops
+    it when its process ends, however it ends."""
+    lock = filelock.FileLock(Path(args.out_dir) / ".lock")
     try:
-        fcntl.flock(file, kind | fcntl.LOCK_NB)
-    except BlockingIOError:
+        lock.acquire(timeout=1)
+    except filelock.Timeout:
         raise Refused(
             f"--out_dir {args.out_dir} is in use by another run: wait for it, or choose another"
         ) from None
+    return lock
 
 
 def latest_checkpoint(out_dir):
@@ -357,9 +371,10 @@ def save_checkpoint(args, model, optimizer, epoch):
             file.flush()
             os.fsync(file.fileno())  # on disk before the rename: a machine crash keeps it too
         os.replace(temporary, path)  # atomic
-        folder = os.open(args.out_dir, os.O_RDONLY)
-        os.fsync(folder)  # the rename itself, on disk
-        os.close(folder)
+        if os.name == "posix":  # the rename itself, on disk (Windows cannot open a folder, nor needs to)
+            folder = os.open(args.out_dir, os.O_RDONLY)
+            os.fsync(folder)
+            os.close(folder)
     except (OSError, RuntimeError) as error:  # torch wraps the file's own error (a full disk, say) in its own
         while error.__context__ and not isinstance(error, OSError):
             error = error.__context__
@@ -369,13 +384,15 @@ def save_checkpoint(args, model, optimizer, epoch):
 
 
 def open_metrics(args, start_epoch):
-    """Start metrics.jsonl: lock it for this run (one run per --out_dir at a time), and keep its
+    """Start metrics.jsonl: lock --out_dir for this run (one run per folder at a time), and keep its
     history up to the checkpoint's epoch, cut back in one step, so that no crash can lose or break it.
     Under the lock, also remove what a killed save left, and say when there is nothing to train."""
     os.makedirs(args.out_dir, exist_ok=True)
+    held = lock(args)
+    print(f"{Path(__file__).name}: writing to {args.out_dir}")
     path = Path(args.out_dir) / "metrics.jsonl"
     metrics = open(path, "a+b")  # opening never truncates, and every write goes to the end
-    lock(metrics, fcntl.LOCK_EX, args)  # held until this process ends
+    metrics.lock = held  # held as long as the file is open: until this process ends
     check_continues(args)  # again, under the lock: a run started at the same time may have saved since
     metrics.seek(0)
     keep = 0  # bytes: the records of the epochs up to start_epoch (check_out_dir read them all)

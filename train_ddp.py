@@ -16,15 +16,16 @@ share (the command line, the --out_dir rule, safe checkpoints) comes after it.
 
 import argparse
 import contextlib  # DDP step 9: no_sync, or nothing
-import fcntl
 import gc
 import json
 import math
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+import filelock
 import torch
 import torch.distributed as dist  # DDP step 1: the process group and its collectives
 from torch.nn.parallel import DistributedDataParallel as DDP  # DDP step 4
@@ -36,21 +37,25 @@ from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, Tenso
 
 def setup(args):
     """DDP steps 1 and 2: join the job's process group, on this process's own device."""
-    # DDP step 1: init the process group. torchrun tells each process who it is in its
-    # environment: RANK (0 .. WORLD_SIZE-1 over all nodes), LOCAL_RANK (its number on this
-    # node), WORLD_SIZE, and MASTER_ADDR/MASTER_PORT of the rendezvous, which
-    # init_process_group reads. Never set them yourself: the guide's MASTER_PORT=12355
-    # overrides torchrun's, and the workers hang.
-    # DDP step 2: place each process on its device. It comes first in the code: the group
-    # binds nccl to the GPU it is given. LOCAL_RANK numbers the GPUs of this node; the
-    # guide uses the global rank, which asks for cuda:4 on the second node of 2 x 4 GPUs.
+    # DDP step 2: place each process on its device. It comes before step 1 in the code: the
+    # group binds nccl to the GPU it is given. LOCAL_RANK numbers the processes, and so the
+    # GPUs, of this node; the guide uses the global rank, which asks for cuda:4 on the second
+    # node of 2 x 4 GPUs.
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     device = torch.device("cuda", local_rank) if args.device == "cuda" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)  # so kernels, pinned memory and caches use this GPU
-    # without torchrun (plain python) there is no one to meet: a group of one process
-    alone = {} if "RANK" in os.environ else {"store": dist.HashStore(), "rank": 0, "world_size": 1}
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", device_id=device.index, **alone)
+    # DDP step 1: init the process group: nccl between GPUs, gloo between CPUs.
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if "RANK" in os.environ:
+        # torchrun told each process who it is, in its environment: RANK (0 .. WORLD_SIZE-1 over
+        # all nodes), LOCAL_RANK, WORLD_SIZE, and MASTER_ADDR/MASTER_PORT, where to meet; this reads
+        # them. Never set them yourself: the guide's MASTER_PORT=12355 overrides torchrun's, and
+        # the workers hang.
+        dist.init_process_group(backend, device_id=device.index)
+    else:  # plain python: no one to meet, so a group of this one process, meeting at a file of its own
+        print("train_ddp.py: not started by torchrun, so running as a one-process job (world size 1)")
+        dist.init_process_group(backend, init_method=Path(tempfile.mktemp()).as_uri(), rank=0, world_size=1)
     return device
 
 
@@ -91,7 +96,7 @@ def train(args):
     # before DDP wraps it. Rank 0 chooses the checkpoint (ranks of several nodes may see a
     # shared --out_dir differently), and every rank loads that one, onto its own device.
     choice = [args.resume]
-    dist.broadcast_object_list(choice)
+    dist.broadcast_object_list(choice)  # rank 0's list is sent to every rank, in place of its own
     start_epoch = load_checkpoint(choice[0], args, model, optimizer, device)
 
     # DDP step 4: wrap the model
@@ -242,6 +247,9 @@ def writable_dir(text):
     return text
 
 
+RUNS = Path("out") / Path(__file__).stem  # where runs go without --out_dir: RUNS/run_1, RUNS/run_2, ...
+
+
 def parse_args():
     """The guide's flags plus a few of ours; --help shows every default."""
     parser = Parser(
@@ -269,14 +277,15 @@ def parse_args():
     parser.add_argument(
         "--out_dir",
         type=writable_dir,
-        default=f"out/{Path(__file__).stem}",
-        help="where checkpoints and metrics go",
+        default=str(RUNS / "run_N"),
+        help="where checkpoints and metrics go; run_N: a new folder each run (run_1, run_2, ...), and with "
+        "--resume auto the latest one",
     )
     parser.add_argument(
         "--resume",
         metavar="PATH",
         help="a checkpoint to continue from, at its next epoch; 'auto': the latest in --out_dir if there is "
-        "one, else start fresh (for restarts, requeued jobs, and running the same command again)",
+        "one, else start fresh (for restarts, requeued jobs, and continuing a run)",
     )
     parser.add_argument(
         "--hidden_size",
@@ -308,16 +317,21 @@ def parse_args():
 def check_out_dir(args):
     """Runs never mix their files: a run into an --out_dir that holds checkpoints continues the
     latest of them, and a folder another run is writing to is refused. Every process checks,
-    alike, before any of them waits on another. Sets args.resume to the checkpoint to start
+    alike, before any of them waits on another. Sets args.out_dir to the run's folder (for run_N,
+    the next N, or with --resume auto the latest), and args.resume to the checkpoint to start
     from, or None."""
+    if Path(args.out_dir) == RUNS / "run_N":  # every process finds the same N: none is made before all met
+        done = [int(p.name[4:]) for p in RUNS.glob("run_*") if p.name[4:].isdigit()]
+        latest = max(done, default=0)
+        args.out_dir = str(RUNS / f"run_{latest if args.resume == 'auto' and latest else latest + 1}")
     if args.resume == "auto":
         args.resume = latest_checkpoint(args.out_dir)
     check_continues(args)
     path = Path(args.out_dir) / "metrics.jsonl"
     if not path.exists():
         return
+    lock(args).release()  # refused while a running job holds it (open_metrics, below)
     with open(path, "rb") as metrics:
-        lock(metrics, fcntl.LOCK_SH, args)  # fails while a running job holds it (open_metrics, below)
         for number, line in enumerate(metrics, 1):  # a damaged history is refused before anything changes
             if line.endswith(b"\n"):  # a last line without one was cut short by a crash: it is redone
                 try:
@@ -328,13 +342,18 @@ def check_out_dir(args):
                     ) from None
 
 
-def lock(file, kind, args):
+def lock(args):
+    """Take --out_dir's lock, or refuse: a running job holds it. It waits a second, which lets the
+    processes of one new job take it in turn to check (check_out_dir). The operating system drops
+    it when its process ends, however it ends."""
+    lock = filelock.FileLock(Path(args.out_dir) / ".lock")
     try:
-        fcntl.flock(file, kind | fcntl.LOCK_NB)
-    except BlockingIOError:
+        lock.acquire(timeout=1)
+    except filelock.Timeout:
         raise Refused(
             f"--out_dir {args.out_dir} is in use by another run: wait for it, or choose another"
         ) from None
+    return lock
 
 
 def latest_checkpoint(out_dir):
@@ -417,9 +436,10 @@ def save_checkpoint(args, model, optimizer, epoch):
             file.flush()
             os.fsync(file.fileno())  # on disk before the rename: a machine crash keeps it too
         os.replace(temporary, path)  # atomic
-        folder = os.open(args.out_dir, os.O_RDONLY)
-        os.fsync(folder)  # the rename itself, on disk
-        os.close(folder)
+        if os.name == "posix":  # the rename itself, on disk (Windows cannot open a folder, nor needs to)
+            folder = os.open(args.out_dir, os.O_RDONLY)
+            os.fsync(folder)
+            os.close(folder)
     except (OSError, RuntimeError) as error:  # torch wraps the file's own error (a full disk, say) in its own
         while error.__context__ and not isinstance(error, OSError):
             error = error.__context__
@@ -429,13 +449,15 @@ def save_checkpoint(args, model, optimizer, epoch):
 
 
 def open_metrics(args, start_epoch):
-    """Start metrics.jsonl: lock it for this run (one run per --out_dir at a time), and keep its
+    """Start metrics.jsonl: lock --out_dir for this run (one run per folder at a time), and keep its
     history up to the checkpoint's epoch, cut back in one step, so that no crash can lose or break it.
     Under the lock, also remove what a killed save left, and say when there is nothing to train."""
     os.makedirs(args.out_dir, exist_ok=True)
+    held = lock(args)
+    print(f"{Path(__file__).name}: writing to {args.out_dir}")
     path = Path(args.out_dir) / "metrics.jsonl"
     metrics = open(path, "a+b")  # opening never truncates, and every write goes to the end
-    lock(metrics, fcntl.LOCK_EX, args)  # held until this process ends
+    metrics.lock = held  # held as long as the file is open: until this process ends
     check_continues(args)  # again, under the lock: a run started at the same time may have saved since
     metrics.seek(0)
     keep = 0  # bytes: the records of the epochs up to start_epoch (check_out_dir read them all)
@@ -487,15 +509,10 @@ def report(record, metrics, epochs, elapsed):
 def check_launch(args):
     """What torchrun set for this process, checked before it waits on any other."""
     missing = [name for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE") if name not in os.environ]
-    if len(missing) == 3:
-        print("train_ddp.py: not started by torchrun, so running as a one-process job (world size 1)")
-    elif missing:  # some set by hand, or by another launcher
+    if 0 < len(missing) < 3:  # some set by hand, or by another launcher; none: plain python
         raise Refused(f"{' and '.join(missing)} not set: launch with torchrun, which sets them all")
     if args.device == "cuda" and int(os.getenv("LOCAL_WORLD_SIZE", 1)) > torch.cuda.device_count():
         raise Refused(f"use --nproc_per_node={torch.cuda.device_count()} or fewer: one process per GPU")
-    world_size = int(os.getenv("WORLD_SIZE", 1))
-    if args.dataset_size < world_size:
-        raise Refused(f"--dataset_size {args.dataset_size} leaves some of the {world_size} processes no data")
 
 
 if __name__ == "__main__":

@@ -170,6 +170,7 @@ def test_a_full_disk_while_saving_says_so_and_keeps_the_previous_checkpoint(work
     if launcher == "python":  # under torchrun, the other rank may also report its lost connection to rank 0
         assert 'train_ddp.py", line' not in proc.stderr, "the script itself printed a traceback"
     assert sorted(p.name for p in (work / "full").iterdir()) == [
+        ".lock",
         "metrics.jsonl",
         "model_epoch_1.pt",
         "model_epoch_2.pt",
@@ -193,6 +194,7 @@ def test_a_stray_temporary_file_of_a_killed_save_is_removed(work):
     (work / "run/model_epoch_3.pt.tmp").write_bytes(b"half a checkpoint")
     run(f"python train_ddp.py --epochs 3 {SMALL} --resume auto --out_dir run", cwd=work)
     assert sorted(p.name for p in (work / "run").iterdir()) == [
+        ".lock",
         "metrics.jsonl",
         "model_epoch_1.pt",
         "model_epoch_2.pt",

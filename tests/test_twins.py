@@ -6,6 +6,7 @@ import pytest
 import torch
 from helpers import (
     ROOT,
+    SCRIPTS,
     audit_env,
     copy_scripts,
     cpu_env,
@@ -34,10 +35,12 @@ def check_metrics(out_dir, epochs, world_size, samples):
 
 def test_baseline_runs_and_learns(tmp_path):
     proc = run("python single_gpu_baseline.py", cwd=copy_scripts(tmp_path))
-    records = check_metrics(tmp_path / "out/single_gpu_baseline", epochs=5, world_size=1, samples=2048)
+    records = check_metrics(tmp_path / "out/single_gpu_baseline/run_1", epochs=5, world_size=1, samples=2048)
     assert records[0]["backend"] is None
-    assert proc.stdout.count("\n") == 5  # one line per epoch
-    assert sorted(p.name for p in (tmp_path / "out/single_gpu_baseline").glob("*.pt")) == [
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "single_gpu_baseline.py: writing to out/single_gpu_baseline/run_1"
+    assert len(lines) == 6  # where the run goes, then one line per epoch
+    assert sorted(p.name for p in (tmp_path / "out/single_gpu_baseline/run_1").glob("*.pt")) == [
         "model_epoch_2.pt",
         "model_epoch_4.pt",
         "model_epoch_5.pt",
@@ -47,24 +50,35 @@ def test_baseline_runs_and_learns(tmp_path):
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_torchrun_runs_and_learns(tmp_path, nproc):
     proc = run(f"torchrun --standalone --nproc_per_node={nproc} train_ddp.py", cwd=copy_scripts(tmp_path))
-    records = check_metrics(tmp_path / "out/train_ddp", epochs=5, world_size=nproc, samples=2048)
+    records = check_metrics(tmp_path / "out/train_ddp/run_1", epochs=5, world_size=nproc, samples=2048)
     assert records[0]["backend"] == "gloo"
     assert proc.stdout.count("epoch ") == 5  # rank 0 alone prints, once an epoch
 
 
-def test_the_guides_own_command(tmp_path):
-    run(
-        "torchrun --standalone --nproc_per_node=2 train_ddp.py --epochs 10 --batch_size 32",
-        cwd=copy_scripts(tmp_path),
-    )
-    check_metrics(tmp_path / "out/train_ddp", epochs=10, world_size=2, samples=2048)
+def test_the_guides_own_command_twice_goes_into_two_folders(tmp_path):
+    command = "torchrun --standalone --nproc_per_node=2 train_ddp.py --epochs 10 --batch_size 32"
+    for n in (1, 2):  # a command run again is a new run, in a new folder, and says where
+        proc = run(command, cwd=copy_scripts(tmp_path))
+        assert f"train_ddp.py: writing to out/train_ddp/run_{n}\n" in proc.stdout
+        check_metrics(tmp_path / f"out/train_ddp/run_{n}", epochs=10, world_size=2, samples=2048)
+    first, second = (load_checkpoint(tmp_path / f"out/train_ddp/run_{n}/model_epoch_10.pt") for n in (1, 2))
+    assert max_weight_diff(first, second) == 0  # the same training, twice
+
+
+def test_resume_auto_without_out_dir_continues_the_latest_run(tmp_path):
+    work = copy_scripts(tmp_path)
+    run("python train_ddp.py --epochs 2", cwd=work)
+    proc = run("python train_ddp.py --epochs 3 --resume auto", cwd=work)
+    assert "train_ddp.py: writing to out/train_ddp/run_1\n" in proc.stdout
+    assert [r["epoch"] for r in read_metrics(work / "out/train_ddp/run_1")] == [1, 2, 3]
+    assert not (work / "out/train_ddp/run_2").exists()
 
 
 def test_python_without_torchrun_is_a_one_process_job(tmp_path):
     env = {k: v for k, v in cpu_env().items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     proc = run("python train_ddp.py", cwd=copy_scripts(tmp_path), env=env)
     assert proc.stdout.splitlines()[0].startswith("train_ddp.py: not started by torchrun")
-    check_metrics(tmp_path / "out/train_ddp", epochs=5, world_size=1, samples=2048)
+    check_metrics(tmp_path / "out/train_ddp/run_1", epochs=5, world_size=1, samples=2048)
 
 
 def test_only_rank_0_writes_files_or_prints(tmp_path):
@@ -83,14 +97,14 @@ def test_only_rank_0_writes_files_or_prints(tmp_path):
     assert "AUDIT rank=0 open" in rank0 and "metrics.jsonl" in rank0  # the hook does see writes
     assert "AUDIT rank=0 os.rename" in rank0 and "model_epoch_5.pt" in rank0
     assert rank1 == "", f"rank 1 wrote or printed:\n{rank1}"
-    assert len(read_metrics(work / "out/train_ddp")) == 5
+    assert len(read_metrics(work / "out/train_ddp/run_1")) == 5
 
 
 def test_checkpoints_are_plain_data_of_the_unwrapped_model(tmp_path):
     run("torchrun --standalone --nproc_per_node=2 train_ddp.py --epochs 2", cwd=copy_scripts(tmp_path))
-    files = sorted(p.name for p in (tmp_path / "out/train_ddp").iterdir())
-    assert files == ["metrics.jsonl", "model_epoch_2.pt"]  # nothing half-written left behind
-    checkpoint = load_checkpoint(tmp_path / "out/train_ddp/model_epoch_2.pt")  # weights_only=True
+    files = sorted(p.name for p in (tmp_path / "out/train_ddp/run_1").iterdir())
+    assert files == [".lock", "metrics.jsonl", "model_epoch_2.pt"]  # nothing half-written left behind
+    checkpoint = load_checkpoint(tmp_path / "out/train_ddp/run_1/model_epoch_2.pt")  # weights_only=True
     assert checkpoint["epoch"] == 2
     assert {"model_state_dict", "optimizer_state_dict", "config"} <= checkpoint.keys()
     assert not any(k.startswith("module.") for k in checkpoint["model_state_dict"])
@@ -141,3 +155,39 @@ def test_bad_input_gets_one_clear_line(tmp_path, script, flags, message):
 def test_help_states_defaults():
     proc = run([sys.executable, "train_ddp.py", "--help"], cwd=ROOT)
     assert "(default: 64)" in proc.stdout and "--hidden_size" in proc.stdout
+
+
+# What native Windows lacks: fcntl (Unix only), and torch.distributed.HashStore (not exported on win32).
+AS_ON_WINDOWS = """
+import importlib.abc, sys
+
+class NoFcntl(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "fcntl":
+            raise ModuleNotFoundError("No module named 'fcntl'", name=name)
+
+sys.meta_path.insert(0, NoFcntl())
+import torch.distributed
+del torch.distributed.HashStore
+"""
+
+
+def test_the_scripts_run_without_fcntl_and_hashstore_as_on_windows(tmp_path):
+    for script in SCRIPTS:
+        assert "\\nimport fcntl" not in (ROOT / script).read_text(), (
+            f"{script} imports fcntl, which Windows lacks"
+        )
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site/sitecustomize.py").write_text(AS_ON_WINDOWS)
+    env = cpu_env(PYTHONPATH=str(tmp_path / "site"))
+    work = copy_scripts(tmp_path)
+    probe = "import torch.distributed as d; assert not hasattr(d, 'HashStore'); import fcntl"
+    assert "No module named 'fcntl'" in run([sys.executable, "-c", probe], cwd=work, env=env, expect=1).stderr
+    for command in (
+        "python single_gpu_baseline.py --epochs 2",
+        "python train_ddp.py --epochs 2",
+        "torchrun --standalone --nproc_per_node=2 train_ddp.py --epochs 2",
+    ):
+        run(command, cwd=work, env=env)
+    for folder in ("single_gpu_baseline/run_1", "train_ddp/run_1", "train_ddp/run_2"):
+        assert [r["epoch"] for r in read_metrics(work / "out" / folder)] == [1, 2], folder
