@@ -36,12 +36,13 @@ def package(name):
 
 def describe():
     """The facts, each a short string."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     facts = {
         "python": f"{platform.python_version()} ({sys.executable})",
         "platform": f"{platform.platform()}, {os.cpu_count()} CPU cores",
         "packages": ", ".join(f"{name} {package(name)}" for name in PACKAGES),
         "commit": git("rev-parse", "--short", "HEAD") or "unknown (not a git checkout)",
-        "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "(not set)"),
+        "CUDA_VISIBLE_DEVICES": "(not set)" if visible is None else repr(visible),
     }
     try:
         import torch
