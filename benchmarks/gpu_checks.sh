@@ -37,11 +37,12 @@ mkdir -p "$out"
 say "what this machine runs: $out/environment.txt"
 
 # 2. torch
-if ! torch=$("$python" -c 'import torch; print(torch.__version__)' 2>/dev/null); then
+if ! found=$("$python" -c 'import torch; print(torch.__version__, torch.cuda.device_count())' 2>/dev/null); then
     say "stopped: $python cannot import torch (see $out/environment.txt); run it with a Python" \
         "that has torch, pytest and matplotlib: PYTHON=/path/to/python bash $0"
     exit 1
 fi
+read -r torch gpus <<<"$found"
 pinned=$(sed -n 's/^torch==//p' requirements.txt)
 if [ "${torch%%+*}" != "$pinned" ]; then
     say "torch $torch is not the $pinned that requirements.txt pins: going on with it; the figures name it"
@@ -58,7 +59,7 @@ fi
 say "the GPU tests: $(tail -n 1 "$out/gpu_tests_collected.txt")"
 
 # 4. a GPU
-if ! "$python" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
+if [ "$gpus" -eq 0 ]; then
     say "stopped: no GPU here (torch $torch sees no CUDA device), so nothing ran on one;" \
         "the GPU tests were collected. The CPU tests are: $python -m pytest"
     exit 1
