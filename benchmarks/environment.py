@@ -18,7 +18,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("torch", "numpy", "pytest", "matplotlib", "nbformat", "nbclient")  # what the tests import
+# what the scripts, the tests and the notebook import
+PACKAGES = ("torch", "numpy", "filelock", "pytest", "matplotlib", "nbformat", "nbclient")
 
 
 def package(name):
