@@ -24,11 +24,12 @@ sys.meta_path.insert(0, Hide())
 """
 NOTEBOOK_PACKAGES = ("nbformat", "nbclient", "nbconvert", "ipykernel", "IPython", "jupyter")
 NOT_PINNED = "0.0.0"  # the torch version the copy's requirements.txt pins: not the one here
+IGNORED = {".git", ".venv", "out", "__pycache__", ".pytest_cache", ".ruff_cache", ".ipynb_checkpoints"}
 
 
 def travelling_files():
     """What a GPU machine receives: the tracked files, and the untracked ones git does not ignore.
-    Outside a git checkout, every file but those .gitignore names."""
+    Outside a git checkout (a GPU machine's copy may be one), every file but the IGNORED folders."""
     try:
         listed = subprocess.run(
             ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
@@ -38,16 +39,7 @@ def travelling_files():
         ).stdout.decode()
         return [ROOT / name for name in listed.split("\0") if name]
     except (OSError, subprocess.CalledProcessError):
-        ignored = {
-            ".git",
-            ".venv",
-            "out",
-            "__pycache__",
-            ".pytest_cache",
-            ".ruff_cache",
-            ".ipynb_checkpoints",
-        }
-        return [p for p in ROOT.rglob("*") if not ignored & set(p.relative_to(ROOT).parts)]
+        return [p for p in ROOT.rglob("*") if not IGNORED & set(p.relative_to(ROOT).parts)]
 
 
 def fresh_copy(dest):
@@ -103,8 +95,10 @@ def test_without_a_gpu_it_stops_plainly_with_its_environment_written_and_the_gpu
 
     # what python3 -m pytest -m gpu --collect-only printed, in that Python
     collected = (out / "gpu_tests_collected.txt").read_text()
-    assert "error" not in collected.lower(), collected
-    gpu_tests = [line for line in collected.splitlines() if line.startswith("tests/test_gpu.py::")]
+    lines = collected.splitlines()
+    assert "tests collected" in lines[-1] and "error" not in lines[-1], collected
+    assert not [line for line in lines if line.startswith("ERROR")], collected
+    gpu_tests = [line for line in lines if line.startswith("tests/test_gpu.py::")]
     assert len(gpu_tests) >= 10, collected
     assert "tests/test_proofs.py::test_more_processes_than_gpus_is_refused" in collected
     assert "tests/test_twins.py" not in collected  # -m gpu: the CPU tests are left out
