@@ -1,26 +1,81 @@
 #!/usr/bin/env bash
-# The GPU checks and the benchmark in one command, for a machine with CUDA GPUs:
+# The GPU checks and the benchmark in one command, for a fresh machine with CUDA GPUs:
 #
 #     bash benchmarks/gpu_checks.sh        # writes to $OUT if set, else to out/gpu_checks
 #
-# It runs the tests marked gpu (tests/test_gpu.py, and the refusal of more processes than
-# GPUs in tests/test_proofs.py), then the benchmark with 3 rounds, and keeps what they print.
-# PYTHON picks the interpreter (default: .venv/bin/python).
+# Made for a lent machine's short window: every stage has a time limit, and the whole run
+# ends within about 8 minutes on one GPU, most of it measuring. In order:
+#   1. what it runs on, to environment.txt: Python, torch, CUDA, NCCL, the GPUs, nvidia-smi;
+#   2. stop if torch cannot be imported; if it is not the torch requirements.txt pins, say so
+#      and go on: the code must work on the torch the machine has, and the figures name it;
+#   3. collect the tests marked gpu, to gpu_tests_collected.txt: an error stops it here;
+#   4. stop if torch sees no GPU;
+#   5. the tests marked gpu (tests/test_gpu.py, and the refusal of more processes than GPUs
+#      in tests/test_proofs.py), to gpu_tests.txt;
+#   6. the benchmark, its rounds while they fit its budget, to benchmark.txt, and
+#      benchmark.json, written after every run, so that a hang still returns what was measured.
+# The interpreter: $PYTHON if set, else .venv/bin/python if there is one, else python3 (a
+# GPU machine's own, with torch, pytest and matplotlib, where nothing can be installed).
+# tests/test_gpu_checks.py runs this on a CPU as such a machine would, up to step 4.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-python=${PYTHON:-.venv/bin/python}
 out=${OUT:-out/gpu_checks}
-if ! "$python" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())'; then
-    echo "gpu_checks.sh: PyTorch sees no CUDA GPU here; the CPU tests are: $python -m pytest" >&2
+collect_limit=60 tests_limit=150 benchmark_budget=240 benchmark_limit=270 # seconds
+if [ -n "${PYTHON:-}" ]; then
+    python=$PYTHON
+elif [ -x .venv/bin/python ]; then
+    python=.venv/bin/python
+else
+    python=python3
+fi
+export PYTHONUNBUFFERED=1 # what a stage printed reaches its file, even when its time runs out
+say() { echo "gpu_checks.sh: $*" >&2; }
+mkdir -p "$out"
+
+# 1. what it runs on
+"$python" benchmarks/environment.py >"$out/environment.txt" 2>&1
+say "what this machine runs: $out/environment.txt"
+
+# 2. torch
+if ! found=$("$python" -c 'import torch; print(torch.__version__, torch.cuda.device_count())' 2>/dev/null); then
+    say "stopped: $python cannot import torch (see $out/environment.txt); run it with a Python" \
+        "that has torch, pytest and matplotlib: PYTHON=/path/to/python bash $0"
     exit 1
 fi
-mkdir -p "$out"
-nvidia-smi >"$out/nvidia-smi.txt" 2>&1
+read -r torch gpus <<<"$found"
+pinned=$(sed -n 's/^torch==//p' requirements.txt)
+if [ "${torch%%+*}" != "$pinned" ]; then
+    say "torch $torch is not the $pinned that requirements.txt pins: going on with it; the figures name it"
+fi
 
-"$python" -m pytest -v -m gpu 2>&1 | tee "$out/gpu_tests.txt"
+# 3. the GPU tests, collected
+timeout -k 10 "$collect_limit" "$python" -m pytest -m gpu --collect-only -q >"$out/gpu_tests_collected.txt" 2>&1
+collected=$?
+if [ "$collected" -ne 0 ]; then
+    tail -n 20 "$out/gpu_tests_collected.txt" >&2
+    say "stopped: collecting the GPU tests failed (pytest exit $collected): $out/gpu_tests_collected.txt"
+    exit 1
+fi
+say "the GPU tests: $(tail -n 1 "$out/gpu_tests_collected.txt")"
+
+# 4. a GPU
+if [ "$gpus" -eq 0 ]; then
+    say "stopped: no GPU here (torch $torch sees no CUDA device), so nothing ran on one;" \
+        "the GPU tests were collected. The CPU tests are: $python -m pytest"
+    exit 1
+fi
+
+# 5. the GPU tests
+timeout -k 15 "$tests_limit" "$python" -m pytest -v -m gpu --durations=10 2>&1 | tee "$out/gpu_tests.txt"
 tests=${PIPESTATUS[0]}
-"$python" benchmarks/benchmark.py --repeats 3 --json "$out/benchmark.json" 2>&1 | tee "$out/benchmark.txt"
-benchmark=${PIPESTATUS[0]}
+[ "$tests" -eq 124 ] && say "the GPU tests ran past their $tests_limit s and were stopped"
 
-echo "gpu_checks.sh: tests exited $tests, benchmark $benchmark; outputs in $out"
+# 6. the benchmark
+timeout -k 15 "$benchmark_limit" "$python" benchmarks/benchmark.py --repeats 3 --budget "$benchmark_budget" \
+    --json "$out/benchmark.json" 2>&1 | tee "$out/benchmark.txt"
+benchmark=${PIPESTATUS[0]}
+[ "$benchmark" -eq 124 ] && say "the benchmark ran past its $benchmark_limit s and was stopped;" \
+    "benchmark.json holds what it had measured"
+
+say "tests exited $tests, benchmark $benchmark; outputs in $out"
 [ "$tests" -eq 0 ] && [ "$benchmark" -eq 0 ]

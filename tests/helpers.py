@@ -11,8 +11,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ("single_gpu_baseline.py", "train_ddp.py")
-# the torchrun of the interpreter running the tests, wherever its venv is
-TORCHRUN = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
+# torchrun, as the interpreter running the tests runs it: never another torch's torchrun on PATH
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 
 def copy_scripts(dest):
@@ -37,7 +37,7 @@ def run(command, cwd, timeout=180, env=None, expect=0):
     if argv[0] == "python":
         argv[0] = sys.executable
     elif argv[0] == "torchrun":
-        argv[0] = TORCHRUN
+        argv[:1] = TORCHRUN
     proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     if expect is not None and proc.returncode != expect:
         raise AssertionError(

@@ -74,7 +74,7 @@ def test_a_second_job_into_a_running_jobs_out_dir_is_refused_and_changes_nothing
     # the first job holds still after its first checkpoint, until the test releases it
     command = f"{TORCHRUN_2} {FAULT} hold train_ddp.py --epochs 4 {SMALL} --out_dir shared".split()
     first = subprocess.Popen(
-        [TORCHRUN, *command[1:]],
+        [*TORCHRUN, *command[1:]],
         cwd=work,
         env=cpu_env(),
         stdout=subprocess.PIPE,
@@ -102,7 +102,7 @@ def test_a_second_job_into_a_running_jobs_out_dir_is_refused_and_changes_nothing
 
 def test_two_jobs_started_together_into_one_out_dir_never_mix(work):
     command = f"{TORCHRUN_2} train_ddp.py --epochs 8 {SMALL} --out_dir together".split()
-    command[0] = TORCHRUN
+    command[:1] = TORCHRUN
     jobs = [
         subprocess.Popen(
             command, cwd=work, env=cpu_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True

@@ -119,13 +119,22 @@ def resume_and_compare(work, command, saved, out):
 
 
 def saved_on(path):
-    """The device the tensors of a checkpoint were saved from, as torch.load finds them."""
-    return next(iter(torch.load(path, weights_only=True)["model_state_dict"].values())).device.type
+    """The device types a checkpoint's tensors were saved from. torch.load hands each storage's
+    saved location ("cuda:0", "cpu") to a map_location callable; this one keeps every storage
+    on the CPU, so that this process never starts CUDA for the rest of the session."""
+    locations = set()
+
+    def on_the_cpu(storage, location):
+        locations.add(location.split(":")[0])
+        return storage  # as read from the file: on the CPU
+
+    torch.load(path, map_location=on_the_cpu, weights_only=True)
+    return locations
 
 
 def test_a_checkpoint_saved_on_a_gpu_resumes_on_the_cpu(work, reference):
     saved = gpu_baseline(reference)
-    assert saved_on(saved / "model_epoch_2.pt") == "cuda"
+    assert saved_on(saved / "model_epoch_2.pt") == {"cuda"}
     on_cpu = "torchrun --standalone --nproc_per_node=2 train_ddp.py --device cpu --batch_size 32"
     assert resume_and_compare(work, on_cpu, saved, "gpu_to_cpu")["device"] == "cpu"
 
@@ -133,7 +142,7 @@ def test_a_checkpoint_saved_on_a_gpu_resumes_on_the_cpu(work, reference):
 def test_a_checkpoint_saved_on_the_cpu_resumes_on_a_gpu(work, reference):
     on_cpu = "torchrun --standalone --nproc_per_node=2 train_ddp.py --device cpu --batch_size 32"
     saved = reference(f"{on_cpu} {FLAGS}", "ddp2_cpu")
-    assert saved_on(saved / "model_epoch_2.pt") == "cpu"
+    assert saved_on(saved / "model_epoch_2.pt") == {"cpu"}
     on_gpu = "python train_ddp.py --device cuda --batch_size 64"
     assert resume_and_compare(work, on_gpu, saved, "cpu_to_gpu")["device"] == "cuda:0"
 
@@ -153,6 +162,14 @@ def optimizer_steps(nproc, grad_accum_steps):
     return math.ceil(math.ceil(2048 / nproc / 64) / grad_accum_steps)
 
 
+def sync_debug_counts(stderr):
+    """(checked steps, checked batches, unpinned batches), one per rank, as sync_debug.py reports them."""
+    found = re.findall(
+        r"SYNC_DEBUG rank=\d+ checked_steps=(\d+) checked_batches=(\d+) unpinned_batches=(\d+)", stderr
+    )
+    return [tuple(map(int, counts)) for counts in found]
+
+
 @pytest.mark.parametrize("nproc, grad_accum_steps", [(1, 1), (2, 1), (2, 4)])
 def test_a_training_step_never_waits_for_the_gpu(work, nproc, grad_accum_steps):
     needs(nproc)
@@ -162,10 +179,11 @@ def test_a_training_step_never_waits_for_the_gpu(work, nproc, grad_accum_steps):
         f"--epochs {epochs} --grad_accum_steps {grad_accum_steps} --out_dir sync{nproc}_{grad_accum_steps}"
     )
     proc = run(f"{command} {flags}", cwd=work, env=gpu_env())
-    checked = [int(n) for n in re.findall(r"SYNC_DEBUG rank=\d+ checked_steps=(\d+)", proc.stderr)]
+    checked = sync_debug_counts(proc.stderr)
     # every step of every epoch but its first, and but the run's second (sync_debug.py)
-    steps = optimizer_steps(nproc, grad_accum_steps)
-    assert checked == [epochs * (steps - 1) - 1] * nproc, proc.stderr
+    steps = epochs * (optimizer_steps(nproc, grad_accum_steps) - 1) - 1
+    # each of them K micro-batches from the loader, and every one of those pinned
+    assert checked == [(steps, grad_accum_steps * steps, 0)] * nproc, proc.stderr
 
 
 def test_the_sync_check_catches_an_item_per_step(work):
@@ -173,8 +191,20 @@ def test_the_sync_check_catches_an_item_per_step(work):
     command = (
         f"torchrun --standalone --nproc_per_node=1 {SYNC_DEBUG} train_ddp.py --device cuda --out_dir canary"
     )
-    proc = run(command, cwd=work, env=gpu_env(SYNC_DEBUG_CANARY="1"), expect=1)
+    proc = run(command, cwd=work, env=gpu_env(SYNC_DEBUG_CANARY="item"), expect=1)
     assert "called a synchronizing CUDA operation" in proc.stderr
+
+
+def test_the_pinning_check_catches_a_loader_without_pin_memory(work):
+    """A loader without pin_memory, inside the window: sync-debug mode lets the run pass, as torch
+    raises nothing for a non_blocking copy from pageable memory, and the pinning check reports
+    every batch it checked."""
+    command = f"torchrun --standalone --nproc_per_node=1 {SYNC_DEBUG} train_ddp.py --device cuda"
+    proc = run(
+        f"{command} --epochs 2 --out_dir unpinned", cwd=work, env=gpu_env(SYNC_DEBUG_CANARY="unpinned")
+    )
+    steps = 2 * (optimizer_steps(1, 1) - 1) - 1
+    assert sync_debug_counts(proc.stderr) == [(steps, steps, steps)], proc.stderr
 
 
 # 4. Only rank 0 writes files -------------------------------------------------------------
@@ -186,7 +216,7 @@ def test_only_rank_0_writes_files_or_prints(tmp_path):
     env = gpu_env(audit_env(tmp_path, watch=work / "out"))
     logs = tmp_path / "logs"
     command = f"torchrun --standalone --nproc_per_node=2 --redirects=3 --log-dir={logs} train_ddp.py"
-    run(f"{command} --device cuda", cwd=work, env=env)
+    run(f"{command} --device cuda --out_dir out/audited", cwd=work, env=env)
     by_rank = {}
     for log in logs.rglob("std*.log"):  # logs/<run id>/attempt_0/<local rank>/std{out,err}.log
         by_rank.setdefault(int(log.parent.name), []).append(log.read_text())
@@ -194,4 +224,4 @@ def test_only_rank_0_writes_files_or_prints(tmp_path):
     assert "AUDIT rank=0 open" in rank0 and "metrics.jsonl" in rank0  # the hook does see writes
     assert "AUDIT rank=0 os.rename" in rank0 and "model_epoch_5.pt" in rank0
     assert rank1 == "", f"rank 1 wrote or printed:\n{rank1}"
-    assert {r["backend"] for r in read_metrics(work / "out/train_ddp")} == {"nccl"}
+    assert {r["backend"] for r in read_metrics(work / "out/audited")} == {"nccl"}

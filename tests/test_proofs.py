@@ -192,7 +192,7 @@ def test_two_nodes_on_one_machine_equal_one_node(work, reference, tmp_path, per_
     )
     out = work / f"nodes2x{per_node}"
     env = audit_env(tmp_path, watch=out)
-    command = [TORCHRUN, "--nnodes=2", f"--nproc_per_node={per_node}", "--rdzv-backend=c10d"]
+    command = [*TORCHRUN, "--nnodes=2", f"--nproc_per_node={per_node}", "--rdzv-backend=c10d"]
     command += [f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-id=twonodes", "train_ddp.py"]
     command += [*flags.split(), "--out_dir", str(out)]
     agents = [
@@ -380,7 +380,7 @@ def test_two_standalone_jobs_at_once_both_finish(work):
     jobs = [
         subprocess.Popen(
             [
-                TORCHRUN,
+                *TORCHRUN,
                 "--standalone",
                 "--nproc_per_node=2",
                 "train_ddp.py",
