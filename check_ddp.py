@@ -148,10 +148,13 @@ def run_job(options):
             time.sleep(0.2)
             if options.verbose:
                 shown = show_new_output(log, shown)
-            sizes = tuple(p.stat().st_size for p in sorted(folder.glob("*.json*"))) + (log.stat().st_size,)
+            records = sorted(folder.glob("rank*.jsonl"))
+            sizes = tuple(p.stat().st_size for p in records) + (log.stat().st_size,)
+            # until every process has started (Python, torch), a minute: start-up is not a hang
+            allowed = options.silence if len(records) == options.nproc else max(options.silence, 60)
             if sizes != seen:
                 seen, quiet_since = sizes, time.monotonic()
-            elif time.monotonic() - quiet_since > options.silence:
+            elif time.monotonic() - quiet_since > allowed:
                 job.hung = True
                 stop(proc)
     if options.verbose:
@@ -875,6 +878,11 @@ def ranks_text(ranks):
     return "ranks " + ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
 
 
+def by_line(at):
+    path, _, line = at.rpartition(":")
+    return path, int(line) if line.isdigit() else 0
+
+
 def plural(n, word):
     return f"{n} {word}" + ("" if n == 1 else "s")
 
@@ -1200,7 +1208,9 @@ def step_3(job, world):
                     help=fix,
                     see=PITFALLS["set_epoch"],
                 )
-        orders = passes[min(passes)]
+        # whole passes only: a script may peek at one batch (next(iter(loader))) to learn its size
+        longest = max(len(p) for p in passes[min(passes)])
+        orders = [p for p in passes[min(passes)] if len(p) >= longest / 2]
         if len(orders) >= 2 and orders[0] != sorted(orders[0]) and all(o == orders[0] for o in orders[1:]):
             set_epochs = [e for _, e in job.records("set_epoch")]
             told = f" (set_epoch always got {set_epochs[0]['epoch']})" if set_epochs else ""
@@ -1212,13 +1222,13 @@ def step_3(job, world):
                 help="call sampler.set_epoch(epoch) at the start of each epoch, on every rank",
                 see=PITFALLS["set_epoch"],
             )
-        per_rank = len(passes[min(passes)][0])
+        per_rank = longest
         how = "DistributedSampler" if distributed else some["sampler"]
         detail = f"{how}: disjoint shards of {per_rank} samples a rank"
         if length:
             detail += f", of {length}"
-        if len(passes[min(passes)]) >= 2:
-            detail += ", a new order each epoch" if passes[min(passes)][0] != passes[min(passes)][1] else ""
+        if len(orders) >= 2:
+            detail += ", a new order each epoch" if orders[0] != orders[1] else ""
         else:
             detail += " (one epoch: set_epoch not checked)"
         found.append(Line(3, "ok", f"{detail} (DataLoader at {at})"))
@@ -1340,13 +1350,8 @@ def step_5(job, world):
             "and all-reduce it once an epoch",
             see=PITFALLS["metrics"],
         )
-    reduced = sorted(
-        {
-            at
-            for (name, at) in sites
-            if name in ("all_reduce", "reduce", "all_gather", "all_gather_object", "all_gather_into_tensor")
-        }
-    )
+    reducing = ("all_reduce", "reduce", "all_gather", "all_gather_object", "all_gather_into_tensor")
+    reduced = sorted({at for (name, at) in sites if name in reducing}, key=by_line)
     if world > 1 and not reduced:
         return Line(
             5,

@@ -3,6 +3,7 @@
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -38,7 +39,32 @@ def run(command, cwd, timeout=180, env=None, expect=0):
         argv[0] = sys.executable
     elif argv[0] == "torchrun":
         argv[:1] = TORCHRUN
-    proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    with subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    ) as job:
+        try:
+            stdout, stderr = job.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            stdout = stderr = ""
+            # SIGTERM first, to the whole session: torchrun then stops its workers, which SIGKILL
+            # to torchrun alone would leave running (on a GPU, holding it)
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                os.killpg(job.pid, sig)
+                try:
+                    stdout, stderr = job.communicate(timeout=15)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+            raise AssertionError(
+                f"{command!r} ran past {timeout} s\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
+            ) from None
+    proc = subprocess.CompletedProcess(argv, job.returncode, stdout, stderr)
     if expect is not None and proc.returncode != expect:
         raise AssertionError(
             f"{command!r} exited {proc.returncode}, expected {expect}\n"
