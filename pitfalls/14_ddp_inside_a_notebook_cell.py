@@ -12,8 +12,8 @@ the notebook's cells one after another in its `__main__`, and shows a cell's err
 Jupyter does; the children's own errors go to its stderr, shown in the cell's output.
 Two ways out, both shown: the function in a script, run with torchrun from the cell (as
 walkthrough.ipynb runs train_ddp.py, with `python -m torch.distributed.run`); or a
-launcher that starts the script's function: `from ddp_cell import train`, then mp.spawn,
-whose children import ddp_cell by name.
+launcher that starts the script's function: `import ddp_cell`, then
+mp.spawn(ddp_cell.train, ...), whose children import ddp_cell by name.
 Notebook launchers (accelerate's notebook_launcher, Lightning's "ddp_notebook") fork the
 kernel instead: a fork imports nothing, and runs the cell's own function, shown too. But
 a forked child cannot use CUDA once the kernel has initialised it (with a tensor put on
@@ -97,9 +97,8 @@ def joined(output):
 
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(
-        os.environ, PYTHONPATH=here, MASTER_ADDR="127.0.0.1"
-    )  # _launch, for the kernel and its children
+    # the kernel and its children import _launch from here; mp.spawn's processes meet at MASTER_ADDR
+    env = dict(os.environ, PYTHONPATH=here, MASTER_ADDR="127.0.0.1")
     kernel_code = f"TRAIN, MAIN = {TRAIN!r}, {MAIN!r}\n{KERNEL}"
     cells = [part for name, cell in CELLS.items() for part in (name, cell)]
     with tempfile.TemporaryDirectory() as folder:  # the notebook's folder

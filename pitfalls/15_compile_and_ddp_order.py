@@ -7,7 +7,8 @@ counts them and runs each as captured (no real compile, which would take minutes
 torch 2.13, for a model whose forward is torch's own code, as nn.Sequential's is:
 - torch.compile(DDP(model)): the compiler skips DDP's forward by design (the frames
   around it break the graph) and resumes in the frames it calls; Sequential.forward,
-  a frame of torch's own files, is skipped too. No graph, no error, no warning.
+  in torch's own files, is skipped as such a frame too. No graph and no error; the one
+  warning, "Profiler record function ... will be ignored", says nothing of it.
 - model.compile(); DDP(model): model.compile() compiles the module's _call_impl, also
   torch's own, and for a Sequential it compiles nothing even without DDP
   (pytorch/pytorch#150915).
