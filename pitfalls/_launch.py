@@ -17,18 +17,19 @@ TIMEOUT_S = 3
 
 def torchrun(script, *args, nproc=2, options=("--standalone",), env=None, timeout=60):
     """Run `torchrun OPTIONS --nproc_per_node=NPROC SCRIPT ARGS` with this Python, as a user would
-    type it, and capture what it says: stdout, stderr, returncode, seconds.
-
-    Nothing here may hang for real: a job still running after `timeout` seconds is stopped
-    (torchrun, told to, stops its workers), and ends the pitfall with exit 1."""
+    type it, and capture what it says: stdout, stderr, returncode, seconds (as run() does)."""
     command = [sys.executable, "-m", "torch.distributed.run", *options, f"--nproc_per_node={nproc}"]
+    return run([*command, script, *args], env=env, timeout=timeout)
+
+
+def run(command, env=None, cwd=None, timeout=60):
+    """Run command (a list) and capture what it says: stdout, stderr, returncode, seconds.
+
+    Nothing here may hang for real: a command still running after `timeout` seconds is stopped
+    (torchrun, told to, stops its workers), and ends the pitfall with exit 1."""
     start = time.perf_counter()
     proc = subprocess.Popen(
-        [*command, script, *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd
     )
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
