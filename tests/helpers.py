@@ -26,8 +26,10 @@ def copy_scripts(dest):
 def cpu_env(**extra):
     """The environment of every process these tests start: pinned to the CPU, whatever the
     machine has, so that the suite runs the same on a GPU machine as on CI (tests/test_gpu.py
-    is the set that uses GPUs)."""
-    return dict(os.environ, CUDA_VISIBLE_DEVICES="", **extra)
+    is the set that uses GPUs); one thread each, as torchrun gives its workers and the notebook
+    every run: a second thread only spins on a small model, and on 2 cores it takes the CPU from
+    the runs beside it (a baseline run costs twice the CPU time with it)."""
+    return {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", **extra}
 
 
 def run(command, cwd, timeout=180, env=None, expect=0):
