@@ -16,6 +16,36 @@ SCRIPTS = ("single_gpu_baseline.py", "train_ddp.py")
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 
+# The runs the proofs compare, written once for every module that makes them, so that the same run
+# is the same command, made once a session (conftest.py, shared_run). 2048 = 64 x 32: every N here
+# divides each batch of 64; 499 held-out samples: none divides those, so that DDP's evaluation
+# shards differ in size, as they do in real jobs.
+PROOF_FLAGS = {"epochs": 4, "dataset_size": 2048, "val_size": 499}
+
+
+def as_flags(**values):
+    return " ".join(f"--{name} {value}" for name, value in values.items())
+
+
+def baseline_run(**values):
+    """The baseline's command for a proof, at batch 64 and PROOF_FLAGS unless values say otherwise."""
+    return "python single_gpu_baseline.py " + as_flags(**{"batch_size": 64, **PROOF_FLAGS, **values})
+
+
+def ddp_run(nproc, **values):
+    """train_ddp.py's command for a proof: nproc processes at batch 64/nproc each (the baseline's
+    global batch) and PROOF_FLAGS, unless values say otherwise."""
+    launcher = f"torchrun --standalone --nproc_per_node={nproc} train_ddp.py "
+    return launcher + as_flags(**{"batch_size": 64 // nproc, **PROOF_FLAGS, **values})
+
+
+# A small job that saves every epoch (4 optimizer steps an epoch on each of its 2 ranks), run
+# straight through: what the fault tests and the crash proofs break, restart and resume, and
+# what they must end equal to.
+SMALL = "--dataset_size 512 --val_size 64 --save_interval 1"
+STRAIGHT = f"torchrun --standalone --nproc_per_node=2 train_ddp.py --epochs 4 {SMALL} --out_dir straight"
+
+
 def copy_scripts(dest):
     """Copy the twin scripts into dest, so that a user's command runs there verbatim."""
     for name in SCRIPTS:
