@@ -6,6 +6,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -103,6 +104,20 @@ def run(command, cwd, timeout=180, env=None, expect=0):
             f"--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
         )
     return proc
+
+
+def run_at_once(commands, cwd, env=None, expect=0, timeout=180):
+    """Start the commands together, and wait for them all: run() of each, in a thread of its own
+    (so that a command past its time is stopped, torchrun's workers too, and shown)."""
+    with ThreadPoolExecutor(max_workers=len(commands)) as pool:
+        jobs = [pool.submit(run, command, cwd, timeout, env, expect) for command in commands]
+        return [job.result() for job in jobs]
+
+
+def selected(request, test):
+    """The cases of test, a test function, that this session runs (after -k, -m and the like):
+    each one's parameters, in the order they run."""
+    return [item.callspec.params for item in request.session.items if getattr(item, "function", None) is test]
 
 
 def read_metrics(out_dir):
