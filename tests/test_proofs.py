@@ -5,45 +5,48 @@ input gets a clear error instead of a hang."""
 import os
 import re
 import socket
-import subprocess
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
 from helpers import (
+    PROOF_FLAGS,
     ROOT,
+    SMALL,
+    STRAIGHT,
     TORCHRUN,
+    as_flags,
     audit_env,
+    baseline_run,
     copy_scripts,
     cpu_env,
+    ddp_run,
     load_checkpoint,
     max_weight_diff,
     read_metrics,
     run,
+    run_at_once,
+    selected,
 )
 
 FAULT = ROOT / "tests" / "fault.py"
 COUNT_ALLREDUCE = ROOT / "tests" / "count_allreduce.py"
 TORCHRUN_2 = "torchrun --standalone --nproc_per_node=2"
 
+# The reference runs (baseline_run, ddp_run, STRAIGHT) come from conftest.py's shared_run: made
+# once a session, for every test here and in test_twins and test_faults that compares with them.
+
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory):
-    """One folder for the module's runs, so that reference runs are made once."""
+    """One folder for the module's own runs."""
     return copy_scripts(tmp_path_factory.mktemp("proofs"))
 
 
-@pytest.fixture(scope="module")
-def reference(work):
-    """Run a command once per module (--out_dir named after it); return its output folder."""
-    done = {}
-
-    def make(command, name):
-        if name not in done:
-            run(f"{command} --out_dir {name}", cwd=work)
-            done[name] = work / name
-        return done[name]
-
-    return make
+def counted(command):
+    """command, with each rank's gradient all-reduces counted (count_allreduce.py: the training is
+    unchanged)."""
+    return command.replace("train_ddp.py", f"{COUNT_ALLREDUCE} train_ddp.py", 1)
 
 
 def assert_same_training(a, b, epoch, tolerance):
@@ -59,6 +62,11 @@ def assert_same_training(a, b, epoch, tolerance):
     assert max(abs(x - y) for x, y in zip(losses_a, losses_b, strict=True)) <= tolerance
 
 
+def listing(folder):
+    """Each file's name and time of last change."""
+    return sorted((p.name, p.stat().st_mtime_ns) for p in folder.iterdir())
+
+
 def assert_bit_identical(a, b):
     a, b = a["model_state_dict"], b["model_state_dict"]
     assert a.keys() == b.keys()
@@ -71,86 +79,83 @@ def assert_bit_identical(a, b):
 
 @pytest.mark.parametrize("dataset_size", [2048, 2000], ids=["divisible_by_N*B", "ragged_last_batch"])
 @pytest.mark.parametrize("nproc", [2, 4])
-def test_ddp_with_n_processes_equals_the_baseline_at_n_times_the_batch(reference, nproc, dataset_size):
-    flags = f"--epochs 4 --dataset_size {dataset_size}"
-    base = reference(f"python single_gpu_baseline.py --batch_size 64 {flags}", f"base_{dataset_size}")
-    ddp = reference(
-        f"torchrun --standalone --nproc_per_node={nproc} train_ddp.py --batch_size {64 // nproc} {flags}",
-        f"ddp{nproc}_{dataset_size}",
-    )
-    assert_same_training(base, ddp, epoch=4, tolerance=1e-5)
+def test_ddp_with_n_processes_equals_the_baseline_at_n_times_the_batch(shared_run, nproc, dataset_size):
+    # the baseline at batch 64, DDP at nproc x 64/nproc
+    base, ddp = shared_run(baseline_run(dataset_size=dataset_size), ddp_run(nproc, dataset_size=dataset_size))
+    assert_same_training(base.out, ddp.out, epoch=4, tolerance=1e-5)
 
 
-def test_padding_makes_ddp_differ_when_n_does_not_divide_the_dataset(reference):
+def test_padding_makes_ddp_differ_when_n_does_not_divide_the_dataset(shared_run):
     # 2050 = 4 x 512 + 2: DistributedSampler repeats 2 samples to give every rank 513
-    flags = "--epochs 4 --dataset_size 2050"
-    base = reference(f"python single_gpu_baseline.py --batch_size 64 {flags}", "base_2050")
-    ddp = reference(
-        f"torchrun --standalone --nproc_per_node=4 train_ddp.py --batch_size 16 {flags}", "ddp4_2050"
-    )
-    assert {r["samples"] for r in read_metrics(base)} == {2050}
-    assert {r["samples"] for r in read_metrics(ddp)} == {2052}  # two duplicates an epoch
+    base, ddp = shared_run(baseline_run(dataset_size=2050), ddp_run(4, dataset_size=2050))
+    assert {r["samples"] for r in read_metrics(base.out)} == {2050}
+    assert {r["samples"] for r in read_metrics(ddp.out)} == {2052}  # two duplicates an epoch
     assert (
-        max_weight_diff(load_checkpoint(base / "model_epoch_4.pt"), load_checkpoint(ddp / "model_epoch_4.pt"))
+        max_weight_diff(
+            load_checkpoint(base.out / "model_epoch_4.pt"), load_checkpoint(ddp.out / "model_epoch_4.pt")
+        )
         > 1e-4
     )
 
 
 # 2. Crash survival -----------------------------------------------------------------------
 
-CRASH_RUN = "--epochs 6 --save_interval 1 --dataset_size 4096"
-RESUMING = f"{CRASH_RUN} --resume auto"  # a restart continues from the latest checkpoint, if any
+# STRAIGHT: 4 epochs of 4 optimizer steps on each of 2 ranks, saved every epoch, into straight/
+RESUMING = f"--epochs 4 {SMALL} --resume auto"  # a restart continues from the latest checkpoint, if any
 # torch 2.13's torchrun reuses its rendezvous store across restarts, so a restarted
 # worker may read its dead peer's address and fail to connect: README, "Restarts"
 RESTARTABLE = cpu_env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
 
 
-def test_a_killed_worker_is_restarted_and_the_job_ends_bit_identical(work, reference):
-    clean = reference(f"{TORCHRUN_2} train_ddp.py {CRASH_RUN}", "clean")
-    # rank 1 kills itself in epoch 3 (32 steps an epoch); torchrun restarts both workers,
+def test_a_killed_worker_is_restarted_and_the_job_ends_bit_identical(work, shared_run):
+    straight = shared_run(STRAIGHT)
+    # rank 1 kills itself at its 10th step, in epoch 3; torchrun restarts both workers,
     # which find model_epoch_2.pt in --out_dir by themselves (--resume auto)
     proc = run(
-        f"{TORCHRUN_2} --max-restarts=1 {FAULT} kill@1:80 train_ddp.py {RESUMING} --out_dir killed",
+        f"{TORCHRUN_2} --max-restarts=1 {FAULT} kill@1:10 train_ddp.py {RESUMING} --out_dir killed",
         cwd=work,
         env=RESTARTABLE,
     )
     assert "failed (exitcode: -9) local_rank: 1" in proc.stderr  # it was killed, and restarted
-    assert [r["epoch"] for r in read_metrics(work / "killed")] == [1, 2, 3, 4, 5, 6]
+    assert [r["epoch"] for r in read_metrics(work / "killed")] == [1, 2, 3, 4]
     assert_bit_identical(
-        load_checkpoint(clean / "model_epoch_6.pt"), load_checkpoint(work / "killed/model_epoch_6.pt")
+        load_checkpoint(straight.out / "model_epoch_4.pt"), load_checkpoint(work / "killed/model_epoch_4.pt")
     )
 
 
-def test_a_crash_while_writing_a_checkpoint_leaves_the_previous_one_loadable(work, reference):
-    clean = reference(f"{TORCHRUN_2} train_ddp.py {CRASH_RUN}", "clean")
+def test_a_crash_while_writing_a_checkpoint_leaves_the_previous_one_loadable(work, shared_run):
+    straight = shared_run(STRAIGHT)
     # rank 0 dies with model_epoch_3.pt half written: the restart resumes from epoch 2
     run(
         f"{TORCHRUN_2} --max-restarts=1 {FAULT} cut@3 train_ddp.py {RESUMING} --out_dir cut",
         cwd=work,
         env=RESTARTABLE,
     )
-    assert [r["epoch"] for r in read_metrics(work / "cut")] == [1, 2, 3, 4, 5, 6]
+    assert [r["epoch"] for r in read_metrics(work / "cut")] == [1, 2, 3, 4]
     assert_bit_identical(
-        load_checkpoint(clean / "model_epoch_6.pt"), load_checkpoint(work / "cut/model_epoch_6.pt")
+        load_checkpoint(straight.out / "model_epoch_4.pt"), load_checkpoint(work / "cut/model_epoch_4.pt")
     )
 
 
-def test_a_fresh_run_refuses_an_out_dir_that_holds_checkpoints(work, reference):
-    clean = reference(f"{TORCHRUN_2} train_ddp.py {CRASH_RUN}", "clean")
-    before = sorted((p.name, p.stat().st_mtime_ns) for p in clean.iterdir())
-    proc = run(f"{TORCHRUN_2} train_ddp.py {CRASH_RUN} --out_dir clean", cwd=work, expect=1)
+def test_a_fresh_run_refuses_an_out_dir_that_holds_checkpoints(shared_run, tmp_path):
+    work = shared_run(STRAIGHT).copy_to(tmp_path)  # the folder the straight run was made in
+    before = listing(work / "straight")
+    proc = run(STRAIGHT, cwd=work, expect=1)  # the same command again
     assert (
-        "already holds model_epoch_6.pt" in proc.stderr and "--resume clean/model_epoch_6.pt" in proc.stderr
+        "already holds model_epoch_4.pt" in proc.stderr
+        and "--resume straight/model_epoch_4.pt" in proc.stderr
     )
-    assert sorted((p.name, p.stat().st_mtime_ns) for p in clean.iterdir()) == before  # untouched
+    assert listing(work / "straight") == before  # untouched
 
 
-def test_resuming_an_older_checkpoint_into_a_later_runs_out_dir_is_refused(work, reference):
-    reference(f"{TORCHRUN_2} train_ddp.py {CRASH_RUN}", "clean")
+def test_resuming_an_older_checkpoint_into_a_later_runs_out_dir_is_refused(shared_run, tmp_path):
+    work = shared_run(STRAIGHT).copy_to(tmp_path)
     proc = run(
-        f"python train_ddp.py {CRASH_RUN} --out_dir clean --resume clean/model_epoch_2.pt", cwd=work, expect=2
+        f"python train_ddp.py --epochs 4 {SMALL} --out_dir straight --resume straight/model_epoch_2.pt",
+        cwd=work,
+        expect=2,
     )
-    assert "already holds model_epoch_6.pt from an earlier run" in proc.stderr.splitlines()[-1]
+    assert "already holds model_epoch_4.pt from an earlier run" in proc.stderr.splitlines()[-1]
 
 
 @pytest.mark.parametrize(
@@ -160,15 +165,13 @@ def test_resuming_an_older_checkpoint_into_a_later_runs_out_dir_is_refused(work,
         ("torchrun --standalone --nproc_per_node=4 train_ddp.py --batch_size 16", "ws2_to_4"),
     ],
 )
-def test_a_checkpoint_resumes_at_another_world_size(work, reference, command, out):
-    flags = "--epochs 4 --dataset_size 2048"
-    full = reference(f"{TORCHRUN_2} train_ddp.py --batch_size 32 {flags}", "ws2_full")
-    half = reference(f"{TORCHRUN_2} train_ddp.py --batch_size 32 --epochs 2 --dataset_size 2048", "ws2_half")
-    run(f"{command} {flags} --resume {half.name}/model_epoch_2.pt --out_dir {out}", cwd=work)
+def test_a_checkpoint_resumes_at_another_world_size(work, shared_run, command, out):
+    full, half = shared_run(ddp_run(2), ddp_run(2, epochs=2))  # 2 processes at batch 32, 4 and 2 epochs
+    run(f"{command} {as_flags(**PROOF_FLAGS)} --resume {half.out}/model_epoch_2.pt --out_dir {out}", cwd=work)
     assert [r["epoch"] for r in read_metrics(work / out)] == [3, 4]
     assert (
         max_weight_diff(
-            load_checkpoint(full / "model_epoch_4.pt"), load_checkpoint(work / out / "model_epoch_4.pt")
+            load_checkpoint(full.out / "model_epoch_4.pt"), load_checkpoint(work / out / "model_epoch_4.pt")
         )
         < 1e-5
     )
@@ -184,32 +187,21 @@ def free_port():
 
 
 @pytest.mark.parametrize("per_node", [1, 2])
-def test_two_nodes_on_one_machine_equal_one_node(work, reference, tmp_path, per_node):
+def test_two_nodes_on_one_machine_equal_one_node(work, shared_run, tmp_path, per_node):
     world = 2 * per_node
-    flags = f"--epochs 3 --batch_size {64 // world}"
-    single = reference(
-        f"torchrun --standalone --nproc_per_node={world} train_ddp.py {flags}", f"single{world}"
-    )
+    single = shared_run(ddp_run(world))  # one node, world processes at batch 64/world
     out = work / f"nodes2x{per_node}"
     env = audit_env(tmp_path, watch=out)
     command = [*TORCHRUN, "--nnodes=2", f"--nproc_per_node={per_node}", "--rdzv-backend=c10d"]
     command += [f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-id=twonodes", "train_ddp.py"]
-    command += [*flags.split(), "--out_dir", str(out)]
-    agents = [
-        subprocess.Popen(
-            command, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        for _ in range(2)
-    ]
-    outputs = [agent.communicate(timeout=180) for agent in agents]
-    for agent, (stdout, stderr) in zip(agents, outputs, strict=True):
-        assert agent.returncode == 0, stdout + stderr
-    writers = set(re.findall(r"AUDIT rank=(\S+)", "".join(err for _, err in outputs)))
+    command += [*as_flags(batch_size=64 // world, **PROOF_FLAGS).split(), "--out_dir", str(out)]
+    agents = run_at_once([command, command], cwd=work, env=env)  # one torchrun agent per node
+    writers = set(re.findall(r"AUDIT rank=(\S+)", "".join(agent.stderr for agent in agents)))
     assert writers == {"0"}, f"ranks that wrote files: {writers}"
-    assert [r["world_size"] for r in read_metrics(out)] == [world] * 3
+    assert [r["world_size"] for r in read_metrics(out)] == [world] * 4
     assert (
         max_weight_diff(
-            load_checkpoint(single / "model_epoch_3.pt"), load_checkpoint(out / "model_epoch_3.pt")
+            load_checkpoint(single.out / "model_epoch_4.pt"), load_checkpoint(out / "model_epoch_4.pt")
         )
         < 1e-6
     )
@@ -219,11 +211,10 @@ def test_two_nodes_on_one_machine_equal_one_node(work, reference, tmp_path, per_
 
 
 @pytest.fixture(scope="module")
-def bad_files(work, reference):
+def bad_files(work, shared_run):
     """Files a user might wrongly pass to --resume."""
-    good = (
-        reference("python single_gpu_baseline.py --epochs 1 --hidden_size 32", "narrow") / "model_epoch_1.pt"
-    )
+    run("python single_gpu_baseline.py --epochs 1 --hidden_size 32 --out_dir narrow", cwd=work)
+    good = work / "narrow/model_epoch_1.pt"
     bad = work / "bad"
     bad.mkdir()
     (bad / "empty.pt").write_bytes(b"")
@@ -232,8 +223,8 @@ def bad_files(work, reference):
     torch.save(torch.ones(3), bad / "tensor.pt")
     (bad / "a_file").write_text("")
     torch.save({"epoch": 1, "payload": RunsCode()}, bad / "evil.pt")
-    # the right keys, the wrong contents
-    fits = reference("python single_gpu_baseline.py --epochs 1", "fits") / "model_epoch_1.pt"
+    # the right keys, the wrong contents: a checkpoint of a run of the default width, changed
+    fits = shared_run(baseline_run()).out / "model_epoch_2.pt"
     checkpoint = torch.load(fits, weights_only=True)
     checkpoint["model_state_dict"]["0.weight"] = torch.zeros(3, 3)
     torch.save(checkpoint, bad / "wrong_shape.pt")
@@ -279,11 +270,11 @@ BAD_INPUT = [
 ]
 
 
-# Under torchrun, one case of each place a refusal is made: the command line, and, once the
-# processes have met, the checkpoint (unreadable, unsafe, not fitting) and the data's size.
-# The other cases take the same path there; torchrun costs each of them seconds.
+# Under torchrun, one case of each place a refusal is made: the command line (test_faults,
+# test_under_torchrun_a_refusal_is_printed_once_and_nothing_waits, the same assertions and more),
+# and, once the processes have met, the checkpoint (unreadable, unsafe, not fitting) and the data's
+# size. The other cases take the same path there; torchrun costs each of them seconds.
 TORCHRUN_CASES = (
-    "--batch_size 0",
     "--resume bad/empty.pt",
     "--resume bad/evil.pt",
     "--resume bad/wrong_shape.pt",
@@ -292,21 +283,32 @@ UNDER_TORCHRUN = [case for case in BAD_INPUT if case[0] in (*TORCHRUN_CASES, "--
 CASES = [("python", *case) for case in BAD_INPUT] + [("torchrun", *case) for case in UNDER_TORCHRUN]
 
 
-@pytest.mark.parametrize("launcher, flags, message", CASES, ids=[f"{c[0]}: {c[1]}" for c in CASES])
-def test_bad_input_gets_one_clear_line_and_no_hang(work, bad_files, launcher, flags, message):
-    out = work / "bad_out"
+def refuse(work, launcher, flags):
     command = "python train_ddp.py" if launcher == "python" else f"{TORCHRUN_2} train_ddp.py"
-    proc = run(
-        f"{command} {flags} --out_dir {out}" if "--out_dir" not in flags else f"{command} {flags}",
-        cwd=work,
-        expect=None,
-        timeout=90,
-    )
+    return run(f"{command} {flags}", cwd=work, expect=None, timeout=90)
+
+
+@pytest.fixture(scope="module")
+def refusals(request, work, bad_files):
+    """The run of each case this session tests, two at a time from the first case on, each test then
+    waiting for its own: a run here imports torch and stops, on one core, and two share 2 cores."""
+    pool = ThreadPoolExecutor(max_workers=2)
+    cases = selected(request, test_bad_input_gets_one_clear_line_and_no_hang)
+    yield {(c["launcher"], c["flags"]): pool.submit(refuse, work, c["launcher"], c["flags"]) for c in cases}
+    pool.shutdown(cancel_futures=True)
+
+
+@pytest.mark.parametrize("launcher, flags, message", CASES, ids=[f"{c[0]}: {c[1]}" for c in CASES])
+def test_bad_input_gets_one_clear_line_and_no_hang(work, refusals, launcher, flags, message):
+    proc = refusals[launcher, flags].result()
     assert proc.returncode != 0
     errors = [line for line in proc.stderr.splitlines() if line.startswith("train_ddp.py: error:")]
     assert len(errors) == 1 and message in errors[0], proc.stderr  # once, under torchrun too
     assert 'train_ddp.py", line' not in proc.stderr, "the script itself printed a traceback"
-    assert not out.exists(), "a failed run left files behind"
+    if launcher == "python":  # argparse's exit status for usage errors, and nothing after the line
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert message in proc.stderr.splitlines()[-1]
+    assert not (work / "out").exists(), "a failed run left files behind"  # where it would have written
     assert not (work / "PWNED").exists()
 
 
@@ -337,39 +339,40 @@ def test_a_worker_that_fails_mid_epoch_ends_the_whole_job(work):
 # Beyond the guide: gradient accumulation and exact evaluation -----------------------------
 
 
-def test_gradient_accumulation_equals_one_big_batch(reference):
-    flags = "--epochs 4 --dataset_size 2048"
-    big = reference(f"python single_gpu_baseline.py --batch_size 64 {flags}", "base_2048")
-    same_k = reference(
-        f"python single_gpu_baseline.py --batch_size 32 --grad_accum_steps 2 {flags}", "base32_k2"
+# 2 processes x 8 samples x 4 micro-batches: one optimizer step of the baseline's 64
+ACCUMULATING = ddp_run(2, batch_size=8, grad_accum_steps=4)
+
+
+def test_gradient_accumulation_equals_one_big_batch(shared_run):
+    big, same_k, ddp = shared_run(
+        baseline_run(), baseline_run(batch_size=16, grad_accum_steps=4), counted(ACCUMULATING)
     )
-    ddp = reference(f"{TORCHRUN_2} train_ddp.py --batch_size 16 --grad_accum_steps 2 {flags}", "ddp2_k2")
-    assert_same_training(big, ddp, epoch=4, tolerance=1e-5)  # 2 processes x 16 x 2 steps = 64
-    assert_same_training(same_k, ddp, epoch=4, tolerance=1e-5)  # and the baseline at 2 x 16, K = 2
+    assert_same_training(big.out, ddp.out, epoch=4, tolerance=1e-5)  # 2 processes x 8 x 4 steps = 64
+    assert_same_training(same_k.out, ddp.out, epoch=4, tolerance=1e-5)  # and the baseline at 4 x 16
 
 
-def test_no_sync_cuts_the_all_reduces_by_k(work):
-    counts = {}
-    for k in (1, 4):
-        command = (
-            f"{TORCHRUN_2} {COUNT_ALLREDUCE} train_ddp.py --batch_size 16 --epochs 1 --grad_accum_steps {k}"
-        )
-        proc = run(f"{command} --out_dir allreduce_k{k}", cwd=work)
-        counts[k] = sorted(map(int, re.findall(r"ALLREDUCES rank=\d calls=(\d+)", proc.stderr)))
+def test_no_sync_cuts_the_all_reduces_by_k(shared_run):
+    # the same micro-batches of 8: an optimizer step after each, then after every 4
+    each, every_4 = shared_run(counted(ddp_run(2, batch_size=8)), counted(ACCUMULATING))
+    counts = {
+        k: sorted(map(int, re.findall(r"ALLREDUCES rank=\d calls=(\d+)", job.proc.stderr)))
+        for k, job in ((1, each), (4, every_4))
+    }
     assert len(counts[1]) == 2 and counts[1][0] == counts[1][1] > 0, counts
-    assert counts[1] == [4 * c for c in counts[4]], counts  # 64 batches: 64 all-reduces, then 16
+    assert counts[1] == [4 * c for c in counts[4]], counts  # 4 x 128 batches: 512 all-reduces, then 128
 
 
-@pytest.mark.parametrize("nproc, base_batch", [(1, 64), (2, 64), (3, 96)])
-def test_val_loss_is_exact_at_any_world_size(reference, nproc, base_batch):
-    # 499 held-out samples: no N here divides them, so the sampler pads with repeats
-    flags = "--epochs 3 --dataset_size 2016 --val_size 499"
-    base = reference(
-        f"python single_gpu_baseline.py --batch_size {base_batch} {flags}", f"val_base{base_batch}"
+@pytest.mark.parametrize(
+    "nproc, base_batch, dataset_size", [(1, 64, 2048), (2, 64, 2048), (3, 96, 2016), (4, 64, 2048)]
+)
+def test_val_loss_is_exact_at_any_world_size(shared_run, nproc, base_batch, dataset_size):
+    # 499 held-out samples (PROOF_FLAGS): no N here divides them, so the shards differ in size;
+    # 2016 = 3 x 672: 3 processes at batch 32 see the same global batches as the baseline at 96
+    base, ddp = shared_run(
+        baseline_run(batch_size=base_batch, dataset_size=dataset_size),
+        ddp_run(nproc, batch_size=base_batch // nproc, dataset_size=dataset_size),
     )
-    launcher = f"torchrun --standalone --nproc_per_node={nproc}"
-    ddp = reference(f"{launcher} train_ddp.py --batch_size {base_batch // nproc} {flags}", f"val_ddp{nproc}")
-    for b, d in zip(read_metrics(base), read_metrics(ddp), strict=True):
+    for b, d in zip(read_metrics(base.out), read_metrics(ddp.out), strict=True):
         assert abs(b["val_loss"] - d["val_loss"]) <= 1e-6, (b, d)
 
 
@@ -377,29 +380,7 @@ def test_val_loss_is_exact_at_any_world_size(reference, nproc, base_batch):
 
 
 def test_two_standalone_jobs_at_once_both_finish(work):
-    jobs = [
-        subprocess.Popen(
-            [
-                *TORCHRUN,
-                "--standalone",
-                "--nproc_per_node=2",
-                "train_ddp.py",
-                "--epochs",
-                "3",
-                "--out_dir",
-                f"together{i}",
-            ],
-            cwd=work,
-            env=cpu_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for i in range(2)
-    ]
-    for job in jobs:
-        output, _ = job.communicate(timeout=180)
-        assert job.returncode == 0, output
+    run_at_once([f"{TORCHRUN_2} train_ddp.py --epochs 3 --out_dir together{i}" for i in range(2)], cwd=work)
     for i in range(2):  # each wrote its own files, whole
         assert [r["epoch"] for r in read_metrics(work / f"together{i}")] == [1, 2, 3]
     first, second = (load_checkpoint(work / f"together{i}/model_epoch_3.pt") for i in range(2))
