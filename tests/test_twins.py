@@ -7,9 +7,10 @@ import torch
 from helpers import (
     ROOT,
     SCRIPTS,
-    audit_env,
+    baseline_run,
     copy_scripts,
     cpu_env,
+    ddp_run,
     load_checkpoint,
     max_weight_diff,
     read_metrics,
@@ -47,12 +48,22 @@ def test_baseline_runs_and_learns(tmp_path):
     ]
 
 
+def default_run(shared_run, nproc):
+    """The README's first command, at nproc processes, made once for the tests that read it: with
+    every worker's writes reported (helpers.audit_env), and its output both on the console and in
+    a log per rank, logs/<run id>/attempt_0/<local rank>/std{out,err}.log (--tee, --log-dir)."""
+    return shared_run(
+        f"torchrun --standalone --nproc_per_node={nproc} --tee=3 --log-dir=logs train_ddp.py", audit=True
+    )
+
+
 @pytest.mark.parametrize("nproc", [1, 2])
-def test_torchrun_runs_and_learns(tmp_path, nproc):
-    proc = run(f"torchrun --standalone --nproc_per_node={nproc} train_ddp.py", cwd=copy_scripts(tmp_path))
-    records = check_metrics(tmp_path / "out/train_ddp/run_1", epochs=5, world_size=nproc, samples=2048)
+def test_torchrun_runs_and_learns(shared_run, nproc):
+    ddp = default_run(shared_run, nproc)
+    assert ddp.out == ddp.folder / "out/train_ddp/run_1"
+    records = check_metrics(ddp.out, epochs=5, world_size=nproc, samples=2048)
     assert records[0]["backend"] == "gloo"
-    assert proc.stdout.count("epoch ") == 5  # rank 0 alone prints, once an epoch
+    assert ddp.proc.stdout.count("epoch ") == 5  # rank 0 alone prints, once an epoch
 
 
 def test_the_guides_own_command_twice_goes_into_two_folders(tmp_path):
@@ -81,62 +92,56 @@ def test_python_without_torchrun_is_a_one_process_job(tmp_path):
     check_metrics(tmp_path / "out/train_ddp/run_1", epochs=5, world_size=1, samples=2048)
 
 
-def test_only_rank_0_writes_files_or_prints(tmp_path):
-    work = copy_scripts(tmp_path)
-    env = audit_env(tmp_path, watch=work / "out")
-    logs = tmp_path / "logs"
-    run(
-        f"torchrun --standalone --nproc_per_node=2 --redirects=3 --log-dir={logs} train_ddp.py",
-        cwd=work,
-        env=env,
-    )
+def test_only_rank_0_writes_files_or_prints(shared_run):
+    ddp = default_run(shared_run, 2)
     by_rank = {}
-    for log in logs.rglob("std*.log"):  # logs/<run id>/attempt_0/<local rank>/std{out,err}.log
+    for log in (ddp.folder / "logs").rglob("std*.log"):  # logs/<run id>/attempt_0/<local rank>/...
         by_rank.setdefault(int(log.parent.name), []).append(log.read_text())
     rank0, rank1 = "".join(by_rank[0]), "".join(by_rank[1])
     assert "AUDIT rank=0 open" in rank0 and "metrics.jsonl" in rank0  # the hook does see writes
     assert "AUDIT rank=0 os.rename" in rank0 and "model_epoch_5.pt" in rank0
     assert rank1 == "", f"rank 1 wrote or printed:\n{rank1}"
-    assert len(read_metrics(work / "out/train_ddp/run_1")) == 5
+    assert len(read_metrics(ddp.out)) == 5
 
 
-def test_checkpoints_are_plain_data_of_the_unwrapped_model(tmp_path):
-    run("torchrun --standalone --nproc_per_node=2 train_ddp.py --epochs 2", cwd=copy_scripts(tmp_path))
-    files = sorted(p.name for p in (tmp_path / "out/train_ddp/run_1").iterdir())
-    assert files == [".lock", "metrics.jsonl", "model_epoch_2.pt"]  # nothing half-written left behind
-    checkpoint = load_checkpoint(tmp_path / "out/train_ddp/run_1/model_epoch_2.pt")  # weights_only=True
-    assert checkpoint["epoch"] == 2
+def test_checkpoints_are_plain_data_of_the_unwrapped_model(shared_run):
+    ddp = default_run(shared_run, 2)
+    files = sorted(p.name for p in ddp.out.iterdir())
+    # nothing half-written left behind: every --save_interval 2 epochs, and the last
+    assert files == [".lock", "metrics.jsonl", "model_epoch_2.pt", "model_epoch_4.pt", "model_epoch_5.pt"]
+    checkpoint = load_checkpoint(ddp.out / "model_epoch_5.pt")  # weights_only=True
+    assert checkpoint["epoch"] == 5
     assert {"model_state_dict", "optimizer_state_dict", "config"} <= checkpoint.keys()
     assert not any(k.startswith("module.") for k in checkpoint["model_state_dict"])
     assert checkpoint["optimizer_state_dict"]["state"], "momentum buffers are needed for an exact resume"
 
 
-def test_resume_continues_at_the_next_epoch_across_scripts_and_world_sizes(tmp_path):
-    work = copy_scripts(tmp_path)
-    ddp = "torchrun --standalone --nproc_per_node=2 train_ddp.py --batch_size 32 --save_interval 2"
-    base = "python single_gpu_baseline.py --batch_size 64 --save_interval 2"
-    run(f"{ddp} --epochs 4 --out_dir full", cwd=work)
-    run(f"{ddp} --epochs 2 --out_dir part", cwd=work)
-    full = load_checkpoint(work / "full/model_epoch_4.pt")
+def test_resume_continues_at_the_next_epoch_across_scripts_and_world_sizes(shared_run, tmp_path):
+    # 2 processes at batch 32 for 4 epochs, and for 2; the baseline at batch 64 for 4 (test_proofs
+    # compares the same runs): each saved epoch 2 (--save_interval 2)
+    ddp_4, ddp_2, base_4 = shared_run(ddp_run(2), ddp_run(2, epochs=2), baseline_run())
+    full = load_checkpoint(ddp_4.out / "model_epoch_4.pt")
 
-    # the same script and world size: continues from epoch 3, bit for bit
-    run(f"{ddp} --epochs 4 --out_dir part --resume part/model_epoch_2.pt", cwd=work)
-    assert [r["epoch"] for r in read_metrics(work / "part")] == [1, 2, 3, 4]
-    resumed = load_checkpoint(work / "part/model_epoch_4.pt")
+    # the same script and world size, in the 2-epoch run's own folder: continues from epoch 3, bit for bit
+    work = ddp_2.copy_to(tmp_path / "part")
+    part = ddp_2.out.relative_to(ddp_2.folder)
+    run(f"{ddp_run(2)} --out_dir {part} --resume {part}/model_epoch_2.pt", cwd=work)
+    assert [r["epoch"] for r in read_metrics(work / part)] == [1, 2, 3, 4]
+    resumed = load_checkpoint(work / part / "model_epoch_4.pt")
     assert resumed["epoch"] == 4
     for key, value in full["model_state_dict"].items():
         assert torch.equal(value, resumed["model_state_dict"][key]), key
 
     # DDP at 2 x 32 -> baseline at 64, and baseline -> DDP: the same training, to rounding
-    run(f"{base} --epochs 4 --out_dir to_base --resume part/model_epoch_2.pt", cwd=work)
+    work = copy_scripts(tmp_path)
+    run(f"{baseline_run()} --out_dir to_base --resume {ddp_2.out}/model_epoch_2.pt", cwd=work)
     assert [r["epoch"] for r in read_metrics(work / "to_base")] == [3, 4]
     assert max_weight_diff(full, load_checkpoint(work / "to_base/model_epoch_4.pt")) < 1e-5
-    run(f"{base} --epochs 2 --out_dir b2", cwd=work)
-    run(f"{ddp} --epochs 4 --out_dir from_base --resume b2/model_epoch_2.pt", cwd=work)
+    run(f"{ddp_run(2)} --out_dir from_base --resume {base_4.out}/model_epoch_2.pt", cwd=work)
     assert max_weight_diff(full, load_checkpoint(work / "from_base/model_epoch_4.pt")) < 1e-5
 
 
-@pytest.mark.parametrize("script", ["single_gpu_baseline.py", "train_ddp.py"])
+# the baseline's; train_ddp.py's are among test_proofs' bad-input cases, which assert all this and more
 @pytest.mark.parametrize(
     "flags, message",
     [
@@ -145,8 +150,8 @@ def test_resume_continues_at_the_next_epoch_across_scripts_and_world_sizes(tmp_p
         ("--resume missing.pt", "no such file"),
     ],
 )
-def test_bad_input_gets_one_clear_line(tmp_path, script, flags, message):
-    proc = run(f"python {script} {flags}", cwd=copy_scripts(tmp_path), expect=2)
+def test_bad_input_gets_one_clear_line(tmp_path, flags, message):
+    proc = run(f"python single_gpu_baseline.py {flags}", cwd=copy_scripts(tmp_path), expect=2)
     assert message in proc.stderr.splitlines()[-1]
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "out").exists()
