@@ -10,17 +10,20 @@ import pytest
 import torch
 from helpers import (
     ROOT,
+    SMALL,
+    STRAIGHT,
     TORCHRUN,
     copy_scripts,
     cpu_env,
     load_checkpoint,
     read_metrics,
     run,
+    run_at_once,
 )
 
 FAULT = ROOT / "tests" / "fault.py"
 TORCHRUN_2 = "torchrun --standalone --nproc_per_node=2"
-SMALL = "--dataset_size 512 --val_size 64 --save_interval 1"
+# SMALL: 512 samples, 64 held out, a checkpoint every epoch (helpers.py)
 
 
 @pytest.fixture
@@ -28,12 +31,18 @@ def work(tmp_path):
     return copy_scripts(tmp_path)
 
 
-@pytest.fixture(scope="module")
-def straight(tmp_path_factory):
-    """The last checkpoint of a run never interrupted, made once: what resumed runs must equal."""
-    folder = copy_scripts(tmp_path_factory.mktemp("straight"))
-    run(f"{TORCHRUN_2} train_ddp.py --epochs 4 {SMALL} --out_dir straight", cwd=folder)
-    return load_checkpoint(folder / "straight/model_epoch_4.pt")
+@pytest.fixture
+def straight(shared_run):
+    """The last checkpoint of a run never interrupted (STRAIGHT, made once a session, as test_proofs
+    makes it too): what resumed runs must equal."""
+    return load_checkpoint(shared_run(STRAIGHT).out / "model_epoch_4.pt")
+
+
+@pytest.fixture
+def two_epochs(shared_run, tmp_path):
+    """A folder holding what a finished 2-epoch run of `python train_ddp.py` left in --out_dir run:
+    a copy of one run, made once for the tests that go on from it."""
+    return shared_run(f"python train_ddp.py --epochs 2 {SMALL} --out_dir run").copy_to(tmp_path)
 
 
 def assert_bit_identical(a, b):
@@ -101,22 +110,15 @@ def test_a_second_job_into_a_running_jobs_out_dir_is_refused_and_changes_nothing
 
 
 def test_two_jobs_started_together_into_one_out_dir_never_mix(work):
-    command = f"{TORCHRUN_2} train_ddp.py --epochs 8 {SMALL} --out_dir together".split()
-    command[:1] = TORCHRUN
-    jobs = [
-        subprocess.Popen(
-            command, cwd=work, env=cpu_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        for _ in range(2)
-    ]
-    results = [(job, *job.communicate(timeout=180)) for job in jobs]
-    passed = [job for job, _, _ in results if job.returncode == 0]
-    assert len(passed) == 1, [out + err for _, out, err in results]
-    for job, _, err in results:
+    command = f"{TORCHRUN_2} train_ddp.py --epochs 8 {SMALL} --out_dir together"
+    jobs = run_at_once([command, command], cwd=work, expect=None)
+    passed = [job for job in jobs if job.returncode == 0]
+    assert len(passed) == 1, [job.stdout + job.stderr for job in jobs]
+    for job in jobs:
         if job.returncode != 0:  # refused by the lock, or by the other job's first checkpoint
-            errors = [line for line in err.splitlines() if line.startswith("train_ddp.py: error:")]
-            assert len(errors) == 1 and "--out_dir together" in errors[0], err
-            assert "is in use by another run" in errors[0] or "already holds" in errors[0], err
+            errors = error_lines(job)
+            assert len(errors) == 1 and "--out_dir together" in errors[0], job.stderr
+            assert "is in use by another run" in errors[0] or "already holds" in errors[0], job.stderr
     assert [r["epoch"] for r in strict_records(work / "together")] == list(range(1, 9))
     assert load_checkpoint(work / "together/model_epoch_8.pt")["epoch"] == 8
 
@@ -125,8 +127,8 @@ def test_two_jobs_started_together_into_one_out_dir_never_mix(work):
 
 
 @pytest.mark.parametrize("damage", ["not json\n", "\n"], ids=["a_non_json_line", "a_blank_line"])
-def test_a_damaged_metrics_file_is_refused_and_kept_as_it_was(work, damage):
-    run(f"python train_ddp.py --epochs 3 {SMALL} --out_dir run", cwd=work)
+def test_a_damaged_metrics_file_is_refused_and_kept_as_it_was(two_epochs, damage):
+    work = two_epochs
     lines = (work / "run/metrics.jsonl").read_text().splitlines(keepends=True)
     (work / "run/metrics.jsonl").write_text(lines[0] + damage + "".join(lines[1:]))
     before = snapshot(work / "run")
@@ -135,8 +137,8 @@ def test_a_damaged_metrics_file_is_refused_and_kept_as_it_was(work, damage):
     assert snapshot(work / "run") == before
 
 
-def test_a_last_line_cut_short_by_a_crash_is_dropped_and_the_rest_kept(work):
-    run(f"python train_ddp.py --epochs 2 {SMALL} --out_dir run", cwd=work)
+def test_a_last_line_cut_short_by_a_crash_is_dropped_and_the_rest_kept(two_epochs):
+    work = two_epochs
     with open(work / "run/metrics.jsonl", "a") as metrics:
         metrics.write('{"epoch": 3, "lo')  # a crash in the middle of epoch 3's line
     run(f"python train_ddp.py --epochs 4 {SMALL} --resume auto --out_dir run", cwd=work)
@@ -189,8 +191,8 @@ def test_a_checkpoint_is_on_disk_before_it_is_renamed_into_place(work):
     ], trace
 
 
-def test_a_stray_temporary_file_of_a_killed_save_is_removed(work):
-    run(f"python train_ddp.py --epochs 2 {SMALL} --out_dir run", cwd=work)
+def test_a_stray_temporary_file_of_a_killed_save_is_removed(two_epochs):
+    work = two_epochs
     (work / "run/model_epoch_3.pt.tmp").write_bytes(b"half a checkpoint")
     run(f"python train_ddp.py --epochs 3 {SMALL} --resume auto --out_dir run", cwd=work)
     assert sorted(p.name for p in (work / "run").iterdir()) == [
@@ -205,37 +207,47 @@ def test_a_stray_temporary_file_of_a_killed_save_is_removed(work):
 # Resuming ----------------------------------------------------------------------------------
 
 
-def test_resume_auto_starts_fresh_then_continues_as_a_straight_run(work, straight):
-    run(f"{TORCHRUN_2} train_ddp.py --epochs 2 {SMALL} --resume auto --out_dir requeued", cwd=work)  # fresh
-    run(f"{TORCHRUN_2} train_ddp.py --epochs 4 {SMALL} --resume auto --out_dir requeued", cwd=work)  # again
+# a job run as a requeued one is: --resume auto, which continues --out_dir if it holds a checkpoint
+REQUEUED = f"{TORCHRUN_2} train_ddp.py {SMALL} --resume auto --out_dir requeued"
+
+
+@pytest.fixture
+def first_attempt(shared_run, tmp_path):
+    """A folder holding what the first attempt of REQUEUED, for 2 epochs, left: in an empty --out_dir,
+    --resume auto started fresh. A copy of one run, made once for the tests that go on from it."""
+    return shared_run(f"{REQUEUED} --epochs 2").copy_to(tmp_path)
+
+
+def test_resume_auto_starts_fresh_then_continues_as_a_straight_run(first_attempt, straight):
+    work = first_attempt
+    assert [r["epoch"] for r in read_metrics(work / "requeued")] == [1, 2]  # fresh
+    run(f"{REQUEUED} --epochs 4", cwd=work)  # again
     assert [r["epoch"] for r in read_metrics(work / "requeued")] == [1, 2, 3, 4]
     assert_bit_identical(straight, load_checkpoint(work / "requeued/model_epoch_4.pt"))
 
 
-def test_resuming_a_finished_run_says_so_and_changes_nothing(work):
-    run(f"{TORCHRUN_2} train_ddp.py --epochs 2 {SMALL} --out_dir done", cwd=work)
-    before = snapshot(work / "done")
-    proc = run(f"{TORCHRUN_2} train_ddp.py --epochs 2 {SMALL} --resume auto --out_dir done", cwd=work)
-    assert proc.stdout.count("has done all 2 epochs; raise --epochs for more") == 1, proc.stdout
-    assert snapshot(work / "done") == before
+def test_resuming_a_finished_run_says_so_and_changes_nothing(shared_run, tmp_path):
+    work = shared_run(STRAIGHT).copy_to(tmp_path)  # 4 epochs, in --out_dir straight
+    before = snapshot(work / "straight")
+    proc = run(f"{STRAIGHT} --resume auto", cwd=work)
+    assert proc.stdout.count("has done all 4 epochs; raise --epochs for more") == 1, proc.stdout
+    assert snapshot(work / "straight") == before
 
 
-def test_fewer_epochs_than_the_checkpoint_has_done_is_refused(work):
-    run(f"python train_ddp.py --epochs 2 {SMALL} --out_dir done", cwd=work)
-    proc = run(f"python train_ddp.py --epochs 1 {SMALL} --resume auto --out_dir done", cwd=work, expect=2)
+def test_fewer_epochs_than_the_checkpoint_has_done_is_refused(two_epochs):
+    work = two_epochs
+    proc = run(f"python train_ddp.py --epochs 1 {SMALL} --resume auto --out_dir run", cwd=work, expect=2)
     assert_one_clear_line(proc, "has trained 2 epochs, more than --epochs 1")
 
 
-def test_rank_0_chooses_the_checkpoint_every_rank_resumes(work, straight):
+def test_rank_0_chooses_the_checkpoint_every_rank_resumes(first_attempt, straight):
     # rank 1 sees --out_dir without its newest checkpoint, as a node with a stale view of a
     # shared filesystem may: it must still resume from rank 0's choice, with rank 0
-    run(f"{TORCHRUN_2} train_ddp.py --epochs 3 {SMALL} --out_dir stale", cwd=work)
-    run(
-        f"{TORCHRUN_2} {FAULT} stale@1 train_ddp.py --epochs 4 {SMALL} --resume auto --out_dir stale",
-        cwd=work,
-    )
-    assert [r["epoch"] for r in read_metrics(work / "stale")] == [1, 2, 3, 4]
-    assert_bit_identical(straight, load_checkpoint(work / "stale/model_epoch_4.pt"))
+    work = first_attempt
+    stale = f"{TORCHRUN_2} {FAULT} stale@1 train_ddp.py --epochs 4 {SMALL} --resume auto --out_dir requeued"
+    run(stale, cwd=work)  # REQUEUED, again, for 4 epochs
+    assert [r["epoch"] for r in read_metrics(work / "requeued")] == [1, 2, 3, 4]
+    assert_bit_identical(straight, load_checkpoint(work / "requeued/model_epoch_4.pt"))
 
 
 # Launching ---------------------------------------------------------------------------------
@@ -256,8 +268,10 @@ def test_half_a_torchrun_environment_gets_one_clear_line(work, given, missing):
 
 
 def test_under_torchrun_a_refusal_is_printed_once_and_nothing_waits(work):
+    # also test_proofs' bad-input case of the command line under torchrun
     start = time.monotonic()
     proc = run(f"{TORCHRUN_2} train_ddp.py --batch_size 0", cwd=work, expect=1, timeout=60)
     assert_one_clear_line(proc, "--batch_size: must be a whole number of at least 1")
     assert proc.stderr.count("usage:") == 0
     assert time.monotonic() - start < 30
+    assert not (work / "out").exists(), "a failed run left files behind"
