@@ -1,10 +1,10 @@
 """Every pitfall in pitfalls/ runs alone, as its docstring says, and behaves as it documents."""
 
 import ast
-import os
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from helpers import ROOT, run
+from helpers import ROOT, cpu_env, run, selected
 
 PITFALLS = sorted(p.name for p in (ROOT / "pitfalls").glob("*.py") if not p.name.startswith("_"))
 
@@ -13,14 +13,29 @@ def test_every_classic_mistake_has_its_pitfall():
     assert len(PITFALLS) >= 16, PITFALLS
 
 
+def run_pitfall(name):
+    # the CPU, for every process, even on a GPU machine; exit 0: the mistake and the fix both
+    # behaved as the pitfall says
+    return run(f"python pitfalls/{name}", cwd=ROOT, env=cpu_env(), timeout=90)
+
+
+@pytest.fixture(scope="module")
+def pitfall_runs(request):
+    """The run of each pitfall this session tests, two at a time from the first test on, each test
+    then waiting for its own: a pitfall mostly waits (for its processes to start, for the timeout
+    that shows a hang), and two of them take little more time than one."""
+    pool = ThreadPoolExecutor(max_workers=2)
+    cases = selected(request, test_pitfall_shows_its_mistake_and_fix)
+    yield {case["name"]: pool.submit(run_pitfall, case["name"]) for case in cases}
+    pool.shutdown(cancel_futures=True)
+
+
 @pytest.mark.parametrize("name", PITFALLS)
-def test_pitfall_shows_its_mistake_and_fix(name):
+def test_pitfall_shows_its_mistake_and_fix(pitfall_runs, name):
     command = f"python pitfalls/{name}"
     assert command in ast.get_docstring(ast.parse((ROOT / "pitfalls" / name).read_text())), (
         f"{name}: its docstring must hold the command that runs it, {command!r}"
     )
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")  # the CPU, for every process, even on a GPU machine
-    # exit 0: the mistake and the fix both behaved as the pitfall says
-    lines = run(command, cwd=ROOT, env=env, timeout=90).stdout.splitlines()
+    lines = pitfall_runs[name].result().stdout.splitlines()
     assert lines[-1] == "as documented", lines
     assert len(lines) <= 12, f"{name}: a few lines, not a wall of output:\n" + "\n".join(lines)
