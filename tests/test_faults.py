@@ -79,6 +79,7 @@ def strict_records(folder):
 # One job per --out_dir ---------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_second_job_into_a_running_jobs_out_dir_is_refused_and_changes_nothing(work):
     # the first job holds still after its first checkpoint, until the test releases it
     command = f"{TORCHRUN_2} {FAULT} hold train_ddp.py --epochs 4 {SMALL} --out_dir shared".split()
@@ -109,6 +110,7 @@ def test_a_second_job_into_a_running_jobs_out_dir_is_refused_and_changes_nothing
     assert [r["epoch"] for r in strict_records(work / "shared")] == [1, 2, 3, 4]
 
 
+@pytest.mark.slow
 def test_two_jobs_started_together_into_one_out_dir_never_mix(work):
     command = f"{TORCHRUN_2} train_ddp.py --epochs 8 {SMALL} --out_dir together"
     jobs = run_at_once([command, command], cwd=work, expect=None)
@@ -126,6 +128,7 @@ def test_two_jobs_started_together_into_one_out_dir_never_mix(work):
 # metrics.jsonl is never lost ---------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["not json\n", "\n"], ids=["a_non_json_line", "a_blank_line"])
 def test_a_damaged_metrics_file_is_refused_and_kept_as_it_was(two_epochs, damage):
     work = two_epochs
@@ -137,6 +140,7 @@ def test_a_damaged_metrics_file_is_refused_and_kept_as_it_was(two_epochs, damage
     assert snapshot(work / "run") == before
 
 
+@pytest.mark.slow
 def test_a_last_line_cut_short_by_a_crash_is_dropped_and_the_rest_kept(two_epochs):
     work = two_epochs
     with open(work / "run/metrics.jsonl", "a") as metrics:
@@ -149,6 +153,7 @@ def test_a_last_line_cut_short_by_a_crash_is_dropped_and_the_rest_kept(two_epoch
 # Divergence --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["python", TORCHRUN_2])
 def test_a_diverged_run_stops_with_one_line_and_saves_no_nan(work, launcher):
     proc = run(f"{launcher} train_ddp.py --lr 1e6 --epochs 4 {SMALL} --out_dir big_lr", cwd=work, expect=None)
@@ -161,6 +166,7 @@ def test_a_diverged_run_stops_with_one_line_and_saves_no_nan(work, launcher):
 # Saving ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["python", TORCHRUN_2])
 def test_a_full_disk_while_saving_says_so_and_keeps_the_previous_checkpoint(work, launcher):
     proc = run(
@@ -180,6 +186,7 @@ def test_a_full_disk_while_saving_says_so_and_keeps_the_previous_checkpoint(work
     assert load_checkpoint(work / "full/model_epoch_2.pt")["epoch"] == 2
 
 
+@pytest.mark.slow
 def test_a_checkpoint_is_on_disk_before_it_is_renamed_into_place(work):
     proc = run(f"python {FAULT} syncs train_ddp.py --epochs 1 {SMALL} --out_dir synced", cwd=work)
     trace = [line.split() for line in proc.stderr.splitlines() if line.startswith(("FSYNC", "REPLACE"))]
@@ -191,6 +198,7 @@ def test_a_checkpoint_is_on_disk_before_it_is_renamed_into_place(work):
     ], trace
 
 
+@pytest.mark.slow
 def test_a_stray_temporary_file_of_a_killed_save_is_removed(two_epochs):
     work = two_epochs
     (work / "run/model_epoch_3.pt.tmp").write_bytes(b"half a checkpoint")
@@ -218,6 +226,7 @@ def first_attempt(shared_run, tmp_path):
     return shared_run(f"{REQUEUED} --epochs 2").copy_to(tmp_path)
 
 
+@pytest.mark.slow
 def test_resume_auto_starts_fresh_then_continues_as_a_straight_run(first_attempt, straight):
     work = first_attempt
     assert [r["epoch"] for r in read_metrics(work / "requeued")] == [1, 2]  # fresh
@@ -226,6 +235,7 @@ def test_resume_auto_starts_fresh_then_continues_as_a_straight_run(first_attempt
     assert_bit_identical(straight, load_checkpoint(work / "requeued/model_epoch_4.pt"))
 
 
+@pytest.mark.slow
 def test_resuming_a_finished_run_says_so_and_changes_nothing(shared_run, tmp_path):
     work = shared_run(STRAIGHT).copy_to(tmp_path)  # 4 epochs, in --out_dir straight
     before = snapshot(work / "straight")
@@ -234,12 +244,14 @@ def test_resuming_a_finished_run_says_so_and_changes_nothing(shared_run, tmp_pat
     assert snapshot(work / "straight") == before
 
 
+@pytest.mark.slow
 def test_fewer_epochs_than_the_checkpoint_has_done_is_refused(two_epochs):
     work = two_epochs
     proc = run(f"python train_ddp.py --epochs 1 {SMALL} --resume auto --out_dir run", cwd=work, expect=2)
     assert_one_clear_line(proc, "has trained 2 epochs, more than --epochs 1")
 
 
+@pytest.mark.slow
 def test_rank_0_chooses_the_checkpoint_every_rank_resumes(first_attempt, straight):
     # rank 1 sees --out_dir without its newest checkpoint, as a node with a stale view of a
     # shared filesystem may: it must still resume from rank 0's choice, with rank 0

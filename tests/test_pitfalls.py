@@ -30,7 +30,13 @@ def pitfall_runs(request):
     pool.shutdown(cancel_futures=True)
 
 
-@pytest.mark.parametrize("name", PITFALLS)
+# the quick tier (not slow) runs the one pitfall that starts no torchrun job
+QUICK = "12_unsafe_torch_load.py"
+
+
+@pytest.mark.parametrize(
+    "name", [name if name == QUICK else pytest.param(name, marks=pytest.mark.slow) for name in PITFALLS]
+)
 def test_pitfall_shows_its_mistake_and_fix(pitfall_runs, name):
     command = f"python pitfalls/{name}"
     assert command in ast.get_docstring(ast.parse((ROOT / "pitfalls" / name).read_text())), (

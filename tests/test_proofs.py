@@ -77,14 +77,20 @@ def assert_bit_identical(a, b):
 # 1. Equivalence --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dataset_size", [2048, 2000], ids=["divisible_by_N*B", "ragged_last_batch"])
-@pytest.mark.parametrize("nproc", [2, 4])
+# the quick tier (not slow): 2 processes, 2048 samples; the val_loss proof at 2 reads the same two runs
+@pytest.mark.parametrize(
+    "dataset_size",
+    [2048, pytest.param(2000, marks=pytest.mark.slow)],
+    ids=["divisible_by_N*B", "ragged_last_batch"],
+)
+@pytest.mark.parametrize("nproc", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_ddp_with_n_processes_equals_the_baseline_at_n_times_the_batch(shared_run, nproc, dataset_size):
     # the baseline at batch 64, DDP at nproc x 64/nproc
     base, ddp = shared_run(baseline_run(dataset_size=dataset_size), ddp_run(nproc, dataset_size=dataset_size))
     assert_same_training(base.out, ddp.out, epoch=4, tolerance=1e-5)
 
 
+@pytest.mark.slow
 def test_padding_makes_ddp_differ_when_n_does_not_divide_the_dataset(shared_run):
     # 2050 = 4 x 512 + 2: DistributedSampler repeats 2 samples to give every rank 513
     base, ddp = shared_run(baseline_run(dataset_size=2050), ddp_run(4, dataset_size=2050))
@@ -107,6 +113,7 @@ RESUMING = f"--epochs 4 {SMALL} --resume auto"  # a restart continues from the l
 RESTARTABLE = cpu_env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
 
 
+@pytest.mark.slow
 def test_a_killed_worker_is_restarted_and_the_job_ends_bit_identical(work, shared_run):
     straight = shared_run(STRAIGHT)
     # rank 1 kills itself at its 10th step, in epoch 3; torchrun restarts both workers,
@@ -123,6 +130,7 @@ def test_a_killed_worker_is_restarted_and_the_job_ends_bit_identical(work, share
     )
 
 
+@pytest.mark.slow
 def test_a_crash_while_writing_a_checkpoint_leaves_the_previous_one_loadable(work, shared_run):
     straight = shared_run(STRAIGHT)
     # rank 0 dies with model_epoch_3.pt half written: the restart resumes from epoch 2
@@ -137,6 +145,7 @@ def test_a_crash_while_writing_a_checkpoint_leaves_the_previous_one_loadable(wor
     )
 
 
+@pytest.mark.slow
 def test_a_fresh_run_refuses_an_out_dir_that_holds_checkpoints(shared_run, tmp_path):
     work = shared_run(STRAIGHT).copy_to(tmp_path)  # the folder the straight run was made in
     before = listing(work / "straight")
@@ -148,6 +157,7 @@ def test_a_fresh_run_refuses_an_out_dir_that_holds_checkpoints(shared_run, tmp_p
     assert listing(work / "straight") == before  # untouched
 
 
+@pytest.mark.slow
 def test_resuming_an_older_checkpoint_into_a_later_runs_out_dir_is_refused(shared_run, tmp_path):
     work = shared_run(STRAIGHT).copy_to(tmp_path)
     proc = run(
@@ -158,6 +168,7 @@ def test_resuming_an_older_checkpoint_into_a_later_runs_out_dir_is_refused(share
     assert "already holds model_epoch_4.pt from an earlier run" in proc.stderr.splitlines()[-1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "command, out",
     [
@@ -186,6 +197,7 @@ def free_port():
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("per_node", [1, 2])
 def test_two_nodes_on_one_machine_equal_one_node(work, shared_run, tmp_path, per_node):
     world = 2 * per_node
@@ -298,6 +310,7 @@ def refusals(request, work, bad_files):
     pool.shutdown(cancel_futures=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("launcher, flags, message", CASES, ids=[f"{c[0]}: {c[1]}" for c in CASES])
 def test_bad_input_gets_one_clear_line_and_no_hang(work, refusals, launcher, flags, message):
     proc = refusals[launcher, flags].result()
@@ -312,6 +325,7 @@ def test_bad_input_gets_one_clear_line_and_no_hang(work, refusals, launcher, fla
     assert not (work / "PWNED").exists()
 
 
+@pytest.mark.slow
 def test_a_dataset_smaller_than_the_job_is_padded_not_refused(work):
     # DistributedSampler repeats samples until every rank has as many: 1 sample, 2 ranks, 2 seen
     run(f"{TORCHRUN_2} train_ddp.py --dataset_size 1 --epochs 2 --out_dir tiny", cwd=work, timeout=90)
@@ -327,6 +341,7 @@ def test_more_processes_than_gpus_is_refused(work):
     assert f"use --nproc_per_node={n - 1} or fewer" in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_worker_that_fails_mid_epoch_ends_the_whole_job(work):
     # rank 1 raises in epoch 2, while rank 0 waits for it in an all-reduce: torchrun
     # stops rank 0 and the job fails at once, well inside the process group's timeout
@@ -343,6 +358,7 @@ def test_a_worker_that_fails_mid_epoch_ends_the_whole_job(work):
 ACCUMULATING = ddp_run(2, batch_size=8, grad_accum_steps=4)
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_equals_one_big_batch(shared_run):
     big, same_k, ddp = shared_run(
         baseline_run(), baseline_run(batch_size=16, grad_accum_steps=4), counted(ACCUMULATING)
@@ -351,6 +367,7 @@ def test_gradient_accumulation_equals_one_big_batch(shared_run):
     assert_same_training(same_k.out, ddp.out, epoch=4, tolerance=1e-5)  # and the baseline at 4 x 16
 
 
+@pytest.mark.slow
 def test_no_sync_cuts_the_all_reduces_by_k(shared_run):
     # the same micro-batches of 8: an optimizer step after each, then after every 4
     each, every_4 = shared_run(counted(ddp_run(2, batch_size=8)), counted(ACCUMULATING))
@@ -363,7 +380,13 @@ def test_no_sync_cuts_the_all_reduces_by_k(shared_run):
 
 
 @pytest.mark.parametrize(
-    "nproc, base_batch, dataset_size", [(1, 64, 2048), (2, 64, 2048), (3, 96, 2016), (4, 64, 2048)]
+    "nproc, base_batch, dataset_size",
+    [
+        pytest.param(1, 64, 2048, marks=pytest.mark.slow),
+        (2, 64, 2048),
+        pytest.param(3, 96, 2016, marks=pytest.mark.slow),
+        pytest.param(4, 64, 2048, marks=pytest.mark.slow),
+    ],
 )
 def test_val_loss_is_exact_at_any_world_size(shared_run, nproc, base_batch, dataset_size):
     # 499 held-out samples (PROOF_FLAGS): no N here divides them, so the shards differ in size;
@@ -379,6 +402,7 @@ def test_val_loss_is_exact_at_any_world_size(shared_run, nproc, base_batch, data
 # 6. Concurrency --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_two_standalone_jobs_at_once_both_finish(work):
     run_at_once([f"{TORCHRUN_2} train_ddp.py --epochs 3 --out_dir together{i}" for i in range(2)], cwd=work)
     for i in range(2):  # each wrote its own files, whole

@@ -57,7 +57,7 @@ def default_run(shared_run, nproc):
     )
 
 
-@pytest.mark.parametrize("nproc", [1, 2])
+@pytest.mark.parametrize("nproc", [pytest.param(1, marks=pytest.mark.slow), 2])
 def test_torchrun_runs_and_learns(shared_run, nproc):
     ddp = default_run(shared_run, nproc)
     assert ddp.out == ddp.folder / "out/train_ddp/run_1"
@@ -66,6 +66,7 @@ def test_torchrun_runs_and_learns(shared_run, nproc):
     assert ddp.proc.stdout.count("epoch ") == 5  # rank 0 alone prints, once an epoch
 
 
+@pytest.mark.slow
 def test_the_guides_own_command_twice_goes_into_two_folders(tmp_path):
     command = "torchrun --standalone --nproc_per_node=2 train_ddp.py --epochs 10 --batch_size 32"
     for n in (1, 2):  # a command run again is a new run, in a new folder, and says where
@@ -76,6 +77,7 @@ def test_the_guides_own_command_twice_goes_into_two_folders(tmp_path):
     assert max_weight_diff(first, second) == 0  # the same training, twice
 
 
+@pytest.mark.slow
 def test_resume_auto_without_out_dir_continues_the_latest_run(tmp_path):
     work = copy_scripts(tmp_path)
     run("python train_ddp.py --epochs 2", cwd=work)
@@ -116,6 +118,7 @@ def test_checkpoints_are_plain_data_of_the_unwrapped_model(shared_run):
     assert checkpoint["optimizer_state_dict"]["state"], "momentum buffers are needed for an exact resume"
 
 
+@pytest.mark.slow
 def test_resume_continues_at_the_next_epoch_across_scripts_and_world_sizes(shared_run, tmp_path):
     # 2 processes at batch 32 for 4 epochs, and for 2; the baseline at batch 64 for 4 (test_proofs
     # compares the same runs): each saved epoch 2 (--save_interval 2)
@@ -177,6 +180,7 @@ del torch.distributed.HashStore
 """
 
 
+@pytest.mark.slow
 def test_the_scripts_run_without_fcntl_and_hashstore_as_on_windows(tmp_path):
     for script in SCRIPTS:
         assert "\\nimport fcntl" not in (ROOT / script).read_text(), (
