@@ -108,6 +108,7 @@ class Job:
         self.returncode = None
         self.seconds = 0.0
         self.hung = False  # stopped after --silence seconds without progress
+        self.stuck_at_exit = False  # every rank finished its script, but a process did not end
         self.folder = None
 
     def records(self, kind, rank=None):
@@ -155,8 +156,13 @@ def run_job(options):
             if sizes != seen:
                 seen, quiet_since = sizes, time.monotonic()
             elif time.monotonic() - quiet_since > allowed:
-                job.hung = True
-                stop(proc)
+                finished = all('"e": "exit"' in p.read_text() for p in records) and records
+                if not finished:
+                    job.hung = True
+                    stop(proc)
+                elif time.monotonic() - quiet_since > allowed + 30:  # done, but not gone
+                    job.stuck_at_exit = True
+                    stop(proc)
     if options.verbose:
         show_new_output(log, shown)
     job.seconds = time.monotonic() - start
@@ -240,7 +246,7 @@ class Recorder:
         while True:
             time.sleep(0.5)
             position = main_thread_position(self.main)
-            if position != self.position:
+            if position != self.position or position[3]:  # compiling: busy, however long one step takes
                 self.position = position
                 self.add("now", call=position[0], stack=position[1], inner=position[2])
             self.flush()
@@ -283,17 +289,18 @@ def called_by_user(skip=2):
 
 def main_thread_position(main):
     """(the watched call the main thread is in, or None; the script's lines it came from, innermost
-    first; the innermost frame, which moves while it computes)."""
+    first; the innermost frame, which moves while it computes; whether torch is compiling)."""
     frame = sys._current_frames().get(main)
-    call, stack, inner = None, [], place(frame) if frame else None
+    call, stack, inner, compiling = None, [], place(frame) if frame else None, False
     while frame is not None:
         if call is None and not stack and frame.f_code in WATCHED:
             call = WATCHED[frame.f_code]
         if is_users(frame.f_code.co_filename):
             stack.append(place(frame))
+        compiling = compiling or re.search(r"torch[/\\]_(dynamo|inductor)[/\\]", frame.f_code.co_filename)
         frame = frame.f_back
     del frame
-    return call, stack[:8], inner
+    return call, stack[:8], inner, bool(compiling)
 
 
 def fingerprint(value, depth=0):
@@ -317,6 +324,13 @@ def fingerprint(value, depth=0):
     return repr(value)[:64]
 
 
+def length_of(thing):
+    try:
+        return len(thing)
+    except TypeError:  # an IterableDataset without a length, and its DataLoader
+        return None
+
+
 def dataset_fingerprint(dataset):
     """The dataset's data, or (for a dataset that makes its samples) four of its samples, drawn
     with every random generator seeded alike and then restored, so that the script's own
@@ -326,7 +340,11 @@ def dataset_fingerprint(dataset):
     import torch
 
     tensors = dataset.tensors if hasattr(dataset, "tensors") else None
-    stored = [v for v in vars(dataset).values() if type(v).__module__ in ("torch", "numpy")]
+    stored = [
+        v
+        for v in getattr(dataset, "__dict__", {}).values()
+        if isinstance(v, torch.Tensor) or type(v).__name__ == "ndarray"
+    ]
     if tensors or stored:
         return fingerprint(list(tensors or stored))
     try:
@@ -392,7 +410,7 @@ def watch():
     folder = os.path.realpath(os.environ["CHECK_DDP_FOLDER"])
     caches = os.path.realpath(os.path.expanduser("~/.cache"))
 
-    def wrap(owner, name, label, make):
+    def wrap(owner, name, label, make, compiled_through=False):
         original = getattr(owner, name, None)
         if original is None:
             return
@@ -400,6 +418,8 @@ def watch():
         # a code object of its own, so that a frame of it names its call (wrappers share their code)
         wrapper.__code__ = wrapper.__code__.replace(co_name=f"{wrapper.__code__.co_name}_{name}")
         WATCHED[wrapper.__code__] = label
+        if compiled_through:  # torch.compile must not trace this watcher, only what it wraps, as before
+            wrapper = torch.compiler.disable(wrapper, recursive=False)
         setattr(owner, name, wrapper)
 
     # DDP step 1: the launch variables the script writes, and the group it makes
@@ -518,7 +538,8 @@ def watch():
                 id=self._check_ddp_id,
                 at=where(),
                 dataset=type(dataset).__name__,
-                length=len(dataset) if hasattr(dataset, "__len__") else None,
+                length=length_of(dataset),
+                batches=length_of(self),
                 data=dataset_fingerprint(dataset),
                 sampler=type(self.sampler).__name__,
                 distributed=distributed is not None
@@ -588,6 +609,17 @@ def watch():
 
     wrap(DistributedSampler, "set_epoch", "sampler.set_epoch()", set_epoch)
 
+    from torch.distributed.algorithms.join import Join
+
+    def join(original):
+        def join_init(self, *args, **kwargs):
+            rec.add("join", at=where())
+            return original(self, *args, **kwargs)
+
+        return join_init
+
+    wrap(Join, "__init__", "Join(...)", join)
+
     # DDP step 4: the wrapper, what goes through it, and the replicas' weights
     def ddp_init(original):
         def ddp_init(self, module, *args, **kwargs):
@@ -604,6 +636,7 @@ def watch():
                 compiled=getattr(module, "_compiled_call_impl", None) is not None,
                 compiled_inside=hasattr(module, "_orig_mod"),
                 device_ids=[str(d) for d in (self.device_ids or [])],
+                find_unused_parameters=self.find_unused_parameters,
                 devices=sorted({str(p.device) for p in self.module.parameters()}),
                 parameters=sum(p.numel() for p in self.module.parameters()),
             )
@@ -625,7 +658,7 @@ def watch():
 
         return ddp_forward
 
-    wrap(DistributedDataParallel, "forward", "DDP forward", ddp_forward)
+    wrap(DistributedDataParallel, "forward", "DDP forward", ddp_forward, compiled_through=True)
 
     def backward(original):
         def autograd_backward(*args, **kwargs):
@@ -782,6 +815,7 @@ def watch():
             message=str(error).strip()[:400],
             at=f"{os.path.relpath(users[-1].filename)}:{users[-1].lineno}" if users else None,
             call=call,
+            loader=state["pass"] and state["pass"]["loader"],
         )
         rec.flush()
         previous_hook(kind, error, tb)
@@ -895,12 +929,12 @@ def judge(job):
         step_2(job, crash),
         step_3(job, world),
         step_4(job, world, crash),
-        step_5(job, world),
+        step_5(job, world, crash),
         step_6(job),
         step_7(job, crash),
         step_8(job, crash),
         step_9(job),
-        step_10(job, world),
+        step_10(job, world, crash),
     ]
     lines = [line for line in lines if line is not None]
     if crash is not None and not any(getattr(line, "explains_crash", False) for line in lines):
@@ -921,8 +955,10 @@ def judge(job):
 
 
 def first_crash(job):
+    """The crash that explains the others: a rank's own error before one that only reports a lost
+    peer (torchrun stops the other ranks when one fails, and they may fail on its absence first)."""
     crashes = job.records("crash")
-    return min(crashes, key=lambda c: c[0]) if crashes else None
+    return min(crashes, key=lambda c: (bool(COMMUNICATION_ERROR.search(c[1]["message"])), c[0]), default=None)
 
 
 def crash_step(job, event):
@@ -940,6 +976,9 @@ def crash_step(job, event):
         "torch.load()": 6,
         "destroy_process_group()": 7,
     }
+    loaders = loader_passes(job)
+    if event.get("loader") in loaders and not loaders[event["loader"]]["training"]:
+        return 10  # in an evaluation loop
     if event.get("call") in by_call:
         return by_call[event["call"]]
     if (event.get("call") or "").startswith("dist."):
@@ -960,6 +999,7 @@ def needs_gpu(event):
     return bool(
         event
         and re.search(r"CUDA|NVIDIA|NCCL|nccl|cuda|GPU", event["message"])
+        and "SyncBatchNorm" not in event["message"]
         and not re.search(r"out of memory", event["message"])
     )
 
@@ -1017,6 +1057,8 @@ def step_1(job, crash):
             return line
         if not job.ranks:
             return Line(1, "--", "not checked: the script never started (step 8)")
+        if (crash or job.records("spawn") or job.hung) and not job.records("step"):
+            return Line(1, "--", "not checked: the job stopped before any rank made its process group")
         return Line(
             1,
             "FAIL",
@@ -1263,6 +1305,16 @@ def step_4(job, world, crash):
         )
         line.explains_crash = True
         return line
+    if crash and "SyncBatchNorm" in crash[1]["message"]:
+        line = Line(
+            4,
+            "FAIL",
+            f"rank {crash[0]}: {code(crash[1]['at'])}: {short(crash[1]['message'])}",
+            help="convert to SyncBatchNorm only where the model is on GPUs: "
+            "if device.type == 'cuda': model = nn.SyncBatchNorm.convert_sync_batchnorm(model)",
+        )
+        line.explains_crash = True
+        return line
     ddp, steps = job.records("ddp"), job.records("step")
     if not steps:
         return Line(4, "--", "not checked: no optimizer step ran")
@@ -1292,6 +1344,15 @@ def step_4(job, world, crash):
             f"the replicas differ at the end: {differ} (DDP at {code(at)})",
             help="every rank must take the same optimizer steps on the DDP model's all-reduced gradients",
         )
+    if "did not find any unused parameters" in job.output:  # DDP's own warning, in the job's output
+        return Line(
+            4,
+            "warn",
+            f"DDP(..., find_unused_parameters=True) at {code(at)}, and every parameter is used: DDP walks "
+            "the autograd graph after every forward for nothing",
+            help="leave find_unused_parameters out (it is False by default)",
+            see=PITFALLS["unused_parameter"],
+        )
     compiles = [e for _, e in job.records("compile") if e["wraps_ddp"]]
     compiled_before = [e for _, e in ddp if e["compiled"]]
     graphs = max((e["graphs"] or 0 for _, e in job.records("exit")), default=0)
@@ -1315,13 +1376,25 @@ def step_4(job, world, crash):
     )
 
 
-def step_5(job, world):
+def step_5(job, world, crash):
     if (
         job.hung
         and job.records("met")
         and not any(getattr(line, "explains_hang", False) for line in [step_1(job, None)])
     ):
         return hang_line(job)
+    why = divergence(job)
+    if crash and COMMUNICATION_ERROR.search(crash[1]["message"]) and why:
+        line = Line(
+            5,
+            "FAIL",
+            f"rank {crash[0]} lost its peers at {code(crash[1]['at'])} ({short(crash[1]['message'])}). "
+            + why[0],
+            help=why[1],
+            see=why[2],
+        )
+        line.explains_crash = True
+        return line
     steps = job.records("step", rank=min(job.ranks)) if job.ranks else []
     colls = job.records("coll", rank=min(job.ranks)) if job.ranks else []
     if not steps:
@@ -1350,8 +1423,7 @@ def step_5(job, world):
             "and all-reduce it once an epoch",
             see=PITFALLS["metrics"],
         )
-    reducing = ("all_reduce", "reduce", "all_gather", "all_gather_object", "all_gather_into_tensor")
-    reduced = sorted({at for (name, at) in sites if name in reducing}, key=by_line)
+    reduced = sorted({at for (name, at) in sites if name in REDUCING}, key=by_line)
     if world > 1 and not reduced:
         return Line(
             5,
@@ -1379,61 +1451,57 @@ def hang_line(job):
         if call == "backward()" and job.records("ddp"):
             what = "backward(), DDP's gradient all-reduce"
         parts.append(f"rank {rank} waits in {what} at {code(at)}" if at else f"rank {rank}: not known")
-    text = (
-        f"the job stopped making progress ({job.options.silence:g} s without any, then stopped): "
-        + "; ".join(parts)
-    )
-    cause, see, help = (
+    text = f"the job stopped making progress ({job.options.silence:g} s without any): " + "; ".join(parts)
+    cause, help, see = divergence(job, waiting) or (
         None,
+        "every rank must reach the same collectives, in the same order",
         PITFALLS["rank_zero_collective"],
-        (
-            "every rank must reach the same collectives, in the same order: take collectives out of "
-            "rank-only "
-            "blocks, and give every rank as many batches"
-        ),
     )
-    for _, (call, at, stack) in sorted(waiting.items()):
+    return Line(5, "FAIL", text + (f". {cause}" if cause else ""), help=help, see=see)
+
+
+COMMUNICATION_ERROR = re.compile(
+    r"closed by peer|reset by peer|Connection refused|Timed out|timed out|doesn't match expected size|"
+    r"collective mismatch|Broken pipe|NCCL communicator was aborted|Watchdog caught"
+)
+
+
+def divergence(job, waiting=None):
+    """Why the ranks fell out of step, seen from what each did: (cause, help, pitfall), or None."""
+    for _, (call, at, stack) in sorted((waiting or {}).items()):
         for line in stack if call and call != "backward()" else ():
             condition = rank_condition(line)
             if condition:
                 reached = f"{call} at {at}" + (f", called from {line}," if line != at else "")
-                cause = f"{reached} is inside `{condition}`: only some ranks reach it"
-                break
-        if cause:
-            break
-    if cause is None:
-        counts = current_batches(job)
-        if len({n for n, _ in counts.values()}) == 1 and len({c for _, c in counts.values()}) > 1:
-            cause = (
-                "the ranks ran different numbers of batches this epoch ("
-                + ", ".join(f"rank {r}: {c}" for r, (_, c) in sorted(counts.items()))
-                + "): uneven inputs"
-            )
-            see, help = (
-                PITFALLS["uneven"],
-                (
-                    "give every rank as many batches: a DistributedSampler (it pads), or torch.distributed."
-                    "algorithms.join.Join to let ranks finish unevenly"
-                ),
-            )
-    if cause is None:
-        steps = {r: len([e for e in events if e["e"] == "step"]) for r, events in job.ranks.items()}
-        if len(set(steps.values())) > 1:
-            cause = (
-                "the ranks left the training loop at different steps ("
-                + ", ".join(f"rank {r}: {c}" for r, c in sorted(steps.items()))
-                + ")"
-            )
-            see, help = (
-                PITFALLS["early_stop"],
-                (
-                    "decide to stop from values every rank has (all-reduce the metric first), so that all "
-                    "stop together"
-                ),
-            )
-    if cause:
-        text += f". {cause}"
-    return Line(5, "FAIL", text, help=help, see=see)
+                return (
+                    f"{reached} is inside `{condition}`: only some ranks reach it",
+                    "take the collective out of the rank-only block: every rank must call it",
+                    PITFALLS["rank_zero_collective"],
+                )
+    if not job.records("join"):
+        for loader in loader_passes(job).values():
+            batches = {r: e["batches"] for r, e in loader["made"].items() if e["batches"] is not None}
+            if loader["training"] and len(set(batches.values())) > 1:
+                return (
+                    "the ranks have different numbers of batches an epoch ("
+                    + ", ".join(f"rank {r}: {n}" for r, n in sorted(batches.items()))
+                    + f", DataLoader at {next(iter(loader['made'].values()))['at']}): uneven inputs, and "
+                    "every backward() all-reduces with every rank",
+                    "give every rank as many batches: DistributedSampler (it pads, or drops with "
+                    "drop_last=True), or run the loop inside torch.distributed.algorithms.join.Join([model])",
+                    PITFALLS["uneven"],
+                )
+    steps = {r: len([e for e in events if e["e"] == "step"]) for r, events in job.ranks.items()}
+    if len(set(steps.values())) > 1:
+        return (
+            "the ranks left the training loop at different steps ("
+            + ", ".join(f"rank {r}: {c}" for r, c in sorted(steps.items()))
+            + ")",
+            "decide to stop from values every rank has (all-reduce the metric first), so that all stop "
+            "together",
+            PITFALLS["early_stop"],
+        )
+    return None
 
 
 def rank_condition(at):
@@ -1575,6 +1643,15 @@ def shared_writes(job):
 
 def step_7(job, crash):
     destroyed = {r: e for r, e in job.records("destroy")}
+    if job.stuck_at_exit:
+        return Line(
+            7,
+            "warn",
+            f"every rank finished its script, but the processes did not end: stopped "
+            f"{job.options.silence + 30:g} s after the last sign of life",
+            help="something still runs as Python exits (a thread, a worker pool, a process group): end "
+            "them, and call dist.destroy_process_group() at the end",
+        )
     if len(destroyed) == len(job.ranks) and destroyed:
         return Line(
             7, "ok", f"every rank destroyed its process group at {next(iter(destroyed.values()))['at']}"
@@ -1663,15 +1740,30 @@ def step_9(job):
     return Line(9, "ok", f"{k} micro-batches an optimizer step; only the last backward all-reduces (no_sync)")
 
 
-def step_10(job, world):
-    evaluation = {
-        i: loader for i, loader in loader_passes(job).items() if not loader["training"] and loader["passes"]
-    }
+REDUCING = ("all_reduce", "reduce", "all_gather", "all_gather_object", "all_gather_into_tensor", "gather")
+
+
+def step_10(job, world, crash):
+    loaders = loader_passes(job)
+    evaluation = {i: loader for i, loader in loaders.items() if not loader["training"] and loader["passes"]}
+    if crash and crash[1].get("loader") in evaluation:
+        rank, e = crash
+        if e.get("call") == "DDP forward" and COMMUNICATION_ERROR.search(e["message"]):
+            line = Line(
+                10,
+                "FAIL",
+                f"rank {rank} evaluated through the DDP model at {code(e['at'])} while the other ranks did "
+                f"not: DDP's forward waits for them ({short(e['message'])})",
+                help="evaluate the bare model, model.module, under torch.no_grad(): it needs no other rank",
+            )
+            line.explains_crash = True
+            return line
+        return None  # the script's own error, in its evaluation: reported as such, in this step
     if not evaluation:
         return None
-    for _i, loader in evaluation.items():
+    for i, loader in evaluation.items():
         passes = loader["passes"]
-        some = next(iter(loader["made"].values()))
+        at = next(iter(loader["made"].values()))["at"]
         if len(passes) < world:
             continue
         shards = {r: p[0] for r, p in passes.items()}
@@ -1681,25 +1773,52 @@ def step_10(job, world):
             return Line(
                 10,
                 "ok",
-                f"every rank evaluated all {len(union)} held-out samples (DataLoader at "
-                f"{some['at']}): exact, and {world} times the work",
+                f"every rank evaluated all {len(union)} held-out samples (DataLoader at {at}): exact, and "
+                f"{world} times the work",
+            )
+        if not reduced_after_passes(job, i):
+            return Line(
+                10,
+                "FAIL",
+                f"each rank evaluated only its own shard of the held-out set (DataLoader at {code(at)}), "
+                "and no collective followed: the held-out metric each rank has is its shard's alone",
+                help="sum (loss x samples, samples) and correct counts on each rank, then dist.all_reduce() "
+                "them before dividing",
+                see=PITFALLS["metrics"],
             )
         if total > len(union):
             return Line(
                 10,
                 "warn",
                 f"the held-out shards repeat {total - len(union)} of {len(union)} samples (DataLoader at "
-                f"{code(some['at'])}): DistributedSampler pads them, so a mean counts those twice",
+                f"{code(at)}): DistributedSampler pads them, so a mean counts those twice",
                 help="give rank r the samples range(r, len(dataset), world_size), then all-reduce "
                 "(sum, count)",
             )
         return Line(
             10,
             "ok",
-            f"each rank evaluated its own shard: {len(union)} held-out samples, each once "
-            f"(DataLoader at {some['at']})",
+            f"each rank evaluated its own shard, then all-reduced: {len(union)} held-out samples, each once "
+            f"(DataLoader at {at})",
         )
     return None
+
+
+def reduced_after_passes(job, loader):
+    """Whether, on the lowest rank, a reducing collective follows each pass over loader before the
+    next pass over any loader (or the end)."""
+    rank = min(job.ranks)
+    pending = False
+    for e in job.ranks[rank]:
+        if e["e"] == "pass":
+            if pending:
+                return False
+            pending = e["loader"] == loader
+        elif e["e"] == "coll" and e["name"] in REDUCING:
+            pending = False
+        elif e["e"] == "exit" and pending:
+            return False
+    return True
 
 
 # -----------------------------------------------------------------------------
