@@ -4,7 +4,7 @@ one config dataclass, gradient accumulation with no_sync(), an exact evaluation,
 reloaded by every rank.
 
     torchrun --standalone --nproc_per_node=2 titan_ok.py
-    torchrun --standalone --nproc_per_node=2 titan_ok.py --training.epochs 2 --job.dump_folder runs/a
+    torchrun --standalone --nproc_per_node=2 titan_ok.py --training.epochs 2
 """
 
 import argparse
@@ -36,7 +36,7 @@ class Training:
     gradient_accumulation_steps: int = 2
     lr: float = 3e-3
     dataset_size: int = 2048
-    eval_size: int = 512
+    eval_size: int = 400
 
 
 @dataclass
