@@ -4,9 +4,9 @@ starts its own processes with torch.multiprocessing.spawn, one per GPU (2 on a C
 
     python trainer_mp_spawn.py 3 1
 
-Mistake: launched with torchrun, as the checker does, each of torchrun's workers spawns a job of its own
-and sets MASTER_ADDR/MASTER_PORT=12355 for it: the spawned processes never meet, and the job hangs in
-init_process_group.
+Mistake: launched with torchrun, each of torchrun's workers spawns a job of its own and sets
+MASTER_ADDR/MASTER_PORT=12355 for it: the spawned processes wait for a rendezvous that nobody serves, and
+the job hangs in init_process_group.
 """
 
 import os
