@@ -120,10 +120,18 @@ class Job:
         return found[0][1] if found else None
 
 
-def run_job(options):
-    import torch  # here, not at the top: `python check_ddp.py --help` should not wait for it
+def visible_gpus(options):
+    """The GPUs the job's processes will see. CUDA_VISIBLE_DEVICES="" hides them all: then torch,
+    seconds to import, is not needed to know it."""
+    if options.cpu or os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return 0
+    import torch
 
-    gpus = 0 if options.cpu else torch.cuda.device_count()
+    return torch.cuda.device_count()
+
+
+def run_job(options):
+    gpus = visible_gpus(options)
     device = "cuda" if gpus >= options.nproc else "cpu"
     folder = Path(tempfile.mkdtemp(prefix="check_ddp-"))
     site = folder / "site"
@@ -131,8 +139,8 @@ def run_job(options):
     (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
     env = dict(os.environ, CHECK_DDP_FOLDER=str(folder), CHECK_DDP_TOOL=str(Path(__file__).resolve()))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)
-    if device == "cpu" and gpus:
-        env["CUDA_VISIBLE_DEVICES"] = ""  # fewer GPUs than processes: the CPU, as on a laptop
+    if device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""  # --cpu, or fewer GPUs than processes: the CPU, as on a laptop
     launch = ["--standalone", f"--nproc_per_node={options.nproc}"]
     command = [sys.executable, "-m", "torch.distributed.run", *launch, options.script, *options.args]
     job = Job(options, ["torchrun", *launch, options.script, *options.args], device)
@@ -156,11 +164,13 @@ def run_job(options):
             if sizes != seen:
                 seen, quiet_since = sizes, time.monotonic()
             elif time.monotonic() - quiet_since > allowed:
-                finished = all('"e": "exit"' in p.read_text() for p in records) and records
+                finished = records and all(
+                    re.search(r'"e": "(exit|ddp_freed)"', p.read_text()) for p in records
+                )
                 if not finished:
                     job.hung = True
                     stop(proc)
-                elif time.monotonic() - quiet_since > allowed + 30:  # done, but not gone
+                elif time.monotonic() - quiet_since > allowed + 10:  # done, but not gone
                     job.stuck_at_exit = True
                     stop(proc)
     if options.verbose:
@@ -224,7 +234,9 @@ class Recorder:
     leaves what it did and where it waits."""
 
     def __init__(self, path):
-        self.path, self.pending, self.lock = path, [], threading.Lock()
+        # reentrant: a record can be added while this thread flushes (a finalizer run by the garbage
+        # collector, in the middle of a flush)
+        self.path, self.pending, self.lock = path, [], threading.RLock()
         self.enabled = True
         self.position = None
         self.main = threading.main_thread().ident
@@ -402,6 +414,7 @@ def watch():
         "forward": 0,
         "items": {},
         "step": 0,
+        "evaluations": 0,
         "pass": None,  # the DataLoader pass that gave the last batch
     }
     live_ddp = []  # weak references to the DDP models made
@@ -469,6 +482,7 @@ def watch():
         def destroy_process_group(*args, **kwargs):
             if not args and not kwargs:  # the whole job's group, not a subgroup
                 rec.add("destroy", at=where())
+                rec.flush()  # on disk now: what follows may be a process that never ends
             return original(*args, **kwargs)
 
         return destroy_process_group
@@ -621,12 +635,21 @@ def watch():
     wrap(Join, "__init__", "Join(...)", join)
 
     # DDP step 4: the wrapper, what goes through it, and the replicas' weights
+    def ddp_freed(_):
+        """The DDP model is being freed, training done: on disk now, and a moment for gloo. In torch
+        2.13 freeing it joins gloo's threads while holding the GIL, and a thread still releasing a
+        tensor of the last collective needs the GIL: the process hangs (pytorch/pytorch#190489). The
+        pause lets that thread finish first; this watcher's own thread makes the race likelier."""
+        rec.add("ddp_freed")
+        rec.flush()
+        time.sleep(0.1)
+
     def ddp_init(original):
         def ddp_init(self, module, *args, **kwargs):
             original(self, module, *args, **kwargs)
             import weakref
 
-            live_ddp.append(weakref.ref(self))
+            live_ddp.append(weakref.ref(self, ddp_freed))
             weights.extend(self.module.parameters())
             inner = getattr(module, "_orig_mod", module)
             rec.add(
@@ -647,7 +670,9 @@ def watch():
 
     def ddp_forward(original):
         def ddp_forward(self, *args, **kwargs):
-            if torch.is_grad_enabled():
+            if not torch.is_grad_enabled():
+                state["evaluations"] += 1  # a forward without gradients: evaluation, or inference
+            else:
                 state["forward"] += 1
                 first = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
                 if first is not None and first.numel():
@@ -841,6 +866,7 @@ def watch():
             inputs=[float(x) for x in torch.stack(inputs).tolist()] if inputs else [],
             graphs=graphs,
             steps=state["step"],
+            evaluations=state["evaluations"],
         )
         rec.flush()
 
@@ -1644,13 +1670,17 @@ def shared_writes(job):
 def step_7(job, crash):
     destroyed = {r: e for r, e in job.records("destroy")}
     if job.stuck_at_exit:
+        ended = {r for r, _ in job.records("exit")}
+        stuck = sorted(set(job.ranks) - ended) or sorted(job.ranks)
+        freeing = all(job.records("ddp_freed", rank=r) for r in stuck)
         return Line(
             7,
             "warn",
-            f"every rank finished its script, but the processes did not end: stopped "
-            f"{job.options.silence + 30:g} s after the last sign of life",
-            help="something still runs as Python exits (a thread, a worker pool, a process group): end "
-            "them, and call dist.destroy_process_group() at the end",
+            f"every rank finished training, but {ranks_text(stuck)} did not end: stopped "
+            f"{job.options.silence + 10:g} s after the last sign of life"
+            + (", while freeing the DDP model" if freeing else ""),
+            help="on gloo, torch 2.13 can hang as a process frees its DDP model (pytorch/pytorch#190489); "
+            "else something still runs as Python exits (a thread, a worker pool): end it",
         )
     if len(destroyed) == len(job.ranks) and destroyed:
         return Line(
@@ -1760,6 +1790,18 @@ def step_10(job, world, crash):
             return line
         return None  # the script's own error, in its evaluation: reported as such, in this step
     if not evaluation:
+        through_ddp = {r: e["evaluations"] for r, e in job.records("exit")}
+        alone = sorted(r for r, n in through_ddp.items() if n)
+        if len(through_ddp) == world > 1 and len(alone) == 1:
+            return Line(
+                10,
+                "warn",
+                f"rank {alone[0]} alone evaluated ({through_ddp[alone[0]]} forwards without gradients "
+                "through the DDP model, none on the other ranks): its held-out number is an estimate from "
+                "its own batches, not the held-out set",
+                help="for an exact number, let every rank evaluate its shard of the held-out set, then "
+                "all-reduce (sum, count)",
+            )
         return None
     for i, loader in evaluation.items():
         passes = loader["passes"]
