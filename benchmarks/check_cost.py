@@ -46,7 +46,9 @@ for r in range(args.rounds):
         seconds[name] = time.perf_counter() - start
         shutil.rmtree(folder)
         if proc.returncode not in (0, 1) or (name == "run" and proc.returncode):
-            sys.exit(f"check_cost: {name} exited {proc.returncode}:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+            sys.exit(
+                f"check_cost: {name} exited {proc.returncode}:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+            )
     rounds.append(seconds)
     print(f"round {r + 1}: run {seconds['run']:.1f} s, check {seconds['check']:.1f} s", flush=True)
 
@@ -55,4 +57,6 @@ print(f"\n{script.name}, 2 processes on the CPU, {args.rounds} rounds; load aver
 for name in commands:
     values = [one[name] for one in rounds]
     print(f"{name:5}  median {statistics.median(values):.1f} s  ({min(values):.1f} to {max(values):.1f})")
-print(f"check / run, per round: median {statistics.median(ratios):.2f} ({min(ratios):.2f} to {max(ratios):.2f})")
+print(
+    f"check / run, per round: median {statistics.median(ratios):.2f} ({min(ratios):.2f} to {max(ratios):.2f})"
+)
