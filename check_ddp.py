@@ -1462,8 +1462,7 @@ def step_5(job, world, crash):
     return Line(
         5,
         "ok",
-        f"metrics all-reduced at {', '.join(reduced)} ({plural(calls, 'call')} "
-        f"for {plural(n, 'optimizer step')})",
+        f"all-reduced at {' and '.join(reduced)}: {plural(calls, 'call')} in {plural(n, 'optimizer step')}",
     )
 
 

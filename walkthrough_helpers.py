@@ -55,6 +55,18 @@ def run(*args, nproc=None):
         raise RuntimeError(f"exited with {proc.returncode}: {' '.join(args)}")
 
 
+def check(script, *args, expect):
+    """`python check_ddp.py SCRIPT ARGS`, its report shown as it comes. It exits 1 when a step
+    fails, as a broken conversion should: the cell fails unless it exits as expected."""
+    print("$ python check_ddp.py", script, *args, flush=True)
+    command = [sys.executable, "check_ddp.py", str(script), *map(str, args)]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        for line in proc.stdout:
+            print(line, end="", flush=True)
+    if proc.returncode != expect:
+        raise RuntimeError(f"check_ddp.py exited with {proc.returncode}, not {expect}: {script}")
+
+
 def fresh(name):
     """OUT/name, emptied: each run its own folder (the scripts never mix two runs' files)."""
     shutil.rmtree(OUT / name, ignore_errors=True)

@@ -47,9 +47,10 @@ def execute(notebook, folder, **settings):
 
 
 def copy_project(dest):
-    """What the notebook reads: itself, its helpers, the twin scripts and the pitfalls."""
+    """What the notebook reads: itself, its helpers, the twin scripts, the checker and the pitfalls."""
     shutil.copy(NOTEBOOK, dest / NOTEBOOK.name)
     shutil.copy(ROOT / "walkthrough_helpers.py", dest / "walkthrough_helpers.py")
+    shutil.copy(ROOT / "check_ddp.py", dest / "check_ddp.py")
     shutil.copytree(ROOT / "pitfalls", dest / "pitfalls", ignore=shutil.ignore_patterns("__pycache__"))
     return copy_scripts(dest)
 
@@ -126,6 +127,9 @@ def test_the_notebook_runs_top_to_bottom_writes_only_its_out_folder_and_shows_wh
     assert f"scaling: process counts {scaling}," in text
     rows = re.findall(r"^(small|wide) +N=(\d): .* efficiency \d\.\d\d \(\d\.\d\d to \d\.\d\d\)", text, re.M)
     assert rows == [(regime, str(n)) for regime in ("small", "wide") for n in scaling]
+    # your turn: the report of a conversion without set_epoch names step 3; the fixed one passes
+    assert re.findall(r"^check_ddp: (ok|FAIL)\b", text, re.M) == ["FAIL", "ok"]
+    assert re.search(r"^step 3 +FAIL +shard the data: rank \d drew the same order", text, re.M), text
 
 
 # What each step's view must show (the lines it needs, complete) and must not (another step's lines,
