@@ -1140,7 +1140,7 @@ def step_2(job, crash):
         line.explains_crash = True
         return line
     if job.device != "cuda":
-        return Line(2, "--", "not checked: no GPU here (the job ran on the CPU)")
+        return Line(2, "--", "not checked: no GPU here")
     starts = {r: e for r, e in job.records("start")}
     devices = {r: e["devices"] for r, e in job.records("ddp")}
     if not devices:
@@ -1393,13 +1393,8 @@ def step_4(job, world, crash):
             see=PITFALLS["compile_order"],
         )
     total = max(e["steps"] for _, e in job.records("exit")) if job.records("exit") else None
-    equal = " the replicas' weights are equal at the end" if differ == "" else ""
-    return Line(
-        4,
-        "ok",
-        f"DDP at {at};{equal or ' every forward went through it'}"
-        + (f" ({total} optimizer steps)" if total else ""),
-    )
+    equal = "the replicas are equal at the end" if differ == "" else "every forward went through it"
+    return Line(4, "ok", f"DDP at {at}; {equal}" + (f" ({plural(total, 'step')})" if total else ""))
 
 
 def step_5(job, world, crash):
@@ -1462,7 +1457,7 @@ def step_5(job, world, crash):
     return Line(
         5,
         "ok",
-        f"all-reduced at {' and '.join(reduced)}: {plural(calls, 'call')} in {plural(n, 'optimizer step')}",
+        f"all-reduced at {' and '.join(reduced)}: {plural(calls, 'call')} in {plural(n, 'step')}",
     )
 
 
@@ -1644,8 +1639,7 @@ def step_6(job):
     return Line(
         6,
         "ok",
-        f"{ranks_text(ranks)} alone saved {plural(len(names), 'file')} ({shown}) at {e['at']}: model and "
-        "optimizer state, no module. prefix",
+        f"{ranks_text(ranks)} alone saved {shown} at {e['at']}: model and optimizer state, no module. prefix",
     )
 
 
@@ -1746,8 +1740,7 @@ def step_8(job, crash):
             + (tail[-1].strip() if tail else f"exit {job.returncode}"),
             help="run it as torchrun --standalone --nproc_per_node=2 SCRIPT to see the whole error",
         )
-    where = "on the CPU (gloo)" if job.device == "cpu" else "on the GPUs"
-    return Line(8, "ok", f"torchrun started it as written: {len(job.ranks)} processes {where}")
+    return Line(8, "ok", f"torchrun ran it as written, {len(job.ranks)} processes")
 
 
 def step_9(job):

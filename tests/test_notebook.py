@@ -130,6 +130,11 @@ def test_the_notebook_runs_top_to_bottom_writes_only_its_out_folder_and_shows_wh
     # your turn: the report of a conversion without set_epoch names step 3; the fixed one passes
     assert re.findall(r"^check_ddp: (ok|FAIL)\b", text, re.M) == ["FAIL", "ok"]
     assert re.search(r"^step 3 +FAIL +shard the data: rank \d drew the same order", text, re.M), text
+    # and the README shows the report of that same conversion: the same verdict at every step
+    shown = re.search(r"<!-- check-report -->\n```text\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    verdicts = re.compile(r"^step (\d+) +(ok|warn|FAIL|--) ", re.M)
+    first_report = text[text.index("$ python check_ddp.py") :].split("\ncheck_ddp: FAIL")[0]
+    assert verdicts.findall(shown.group(1)) == verdicts.findall(first_report)
 
 
 # What each step's view must show (the lines it needs, complete) and must not (another step's lines,

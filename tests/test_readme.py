@@ -1,6 +1,7 @@
-"""The pages stay true: the README's step names and test command match the code and CI, every
-relative link leads to a file, and every test that tests/README.md names exists."""
+"""The pages stay true: the README's step names and test command match the code, CI and the checking
+tool, every relative link leads to a file, and every test that tests/README.md names exists."""
 
+import ast
 import re
 import subprocess
 from urllib.parse import unquote
@@ -57,3 +58,17 @@ def test_every_test_that_tests_readme_names_exists():
         if not re.search(rf"^def {name}\(", (ROOT / "tests" / file).read_text(), flags=re.M)
     ]
     assert not missing, f"tests/README.md names tests that do not exist: {missing}"
+
+
+def assigned(path, name):
+    """The literal value a module assigns to name, read without running it."""
+    tree = ast.parse(path.read_text())
+    node = next(n for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == name)
+    return ast.literal_eval(node.value)
+
+
+def test_check_ddp_names_the_steps_as_the_readme_does_and_its_pitfalls_exist():
+    steps = {int(n): name for n, name in re.findall(r"^\| (\d+) \| ([^|]+?) \|", README, flags=re.M)}
+    assert assigned(ROOT / "check_ddp.py", "STEPS") == steps
+    pitfalls = assigned(ROOT / "check_ddp.py", "PITFALLS").values()
+    assert [path for path in pitfalls if not (ROOT / path).is_file()] == []
