@@ -938,6 +938,10 @@ def ranks_text(ranks):
     return "ranks " + ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
 
 
+def both(ranks):
+    return "both" if len(ranks) == 2 else "all"
+
+
 def by_line(at):
     path, _, line = at.rpartition(":")
     return path, int(line) if line.isdigit() else 0
@@ -1083,7 +1087,7 @@ def step_1(job, crash):
             return line
         if not job.ranks:
             return Line(1, "--", "not checked: the script never started (step 8)")
-        if (crash or job.records("spawn") or job.hung) and not job.records("step"):
+        if (crash or job.records("spawn") or job.hung or job.returncode) and not job.records("step"):
             return Line(1, "--", "not checked: the job stopped before any rank made its process group")
         return Line(
             1,
@@ -1585,9 +1589,8 @@ def step_6(job):
             return Line(
                 6,
                 "FAIL",
-                f"{ranks_text(savers)} all saved {os.path.relpath(path)} at {code(e['at'])}: every rank "
-                "writes "
-                "the same file, at once",
+                f"{ranks_text(savers)} {both(savers)} saved {os.path.relpath(path)} at {code(e['at'])}: "
+                "every rank writes the same file, at once",
                 help="save on one rank: if dist.get_rank() == 0: torch.save(...), with no collective inside",
                 see=PITFALLS["rank_zero_collective"],
             )
@@ -1654,7 +1657,7 @@ def shared_writes(job):
             return Line(
                 6,
                 "warn",
-                f"{ranks_text(by)} all wrote {os.path.relpath(path)} at {code(e['at'])}",
+                f"{ranks_text(by)} {both(by)} wrote {os.path.relpath(path)} at {code(e['at'])}",
                 help="write files from one rank (if dist.get_rank() == 0:), or one file per rank",
             )
     return None
@@ -1729,18 +1732,32 @@ def step_8(job, crash):
             )
             line.explains_crash = True
             return line
-    if not job.ranks:
-        tail = [
-            line for line in job.output.splitlines() if line.strip() and not re.match(r"[WIE]\d{4} ", line)
-        ]
+    quit_early = job.returncode and not (crash or job.hung or job.stuck_at_exit or job.records("step"))
+    if not job.ranks or quit_early:
+        said = script_said(job) or f"exit {job.returncode}"
         return Line(
             8,
             "FAIL",
-            "the script did not start under torchrun: "
-            + (tail[-1].strip() if tail else f"exit {job.returncode}"),
-            help="run it as torchrun --standalone --nproc_per_node=2 SCRIPT to see the whole error",
+            f"the script {'did not start' if not job.ranks else 'stopped before training'} under torchrun: "
+            f"{said}",
+            help="give the script its own arguments after its name (python check_ddp.py my_train.py ARGS); "
+            "torchrun --standalone --nproc_per_node=2 my_train.py ARGS shows the whole error",
         )
     return Line(8, "ok", f"torchrun ran it as written, {len(job.ranks)} processes")
+
+
+def script_said(job):
+    """The last line the script printed before torchrun's own report of its failure."""
+    lines = job.output.splitlines()
+    end = next(
+        (i for i, line in enumerate(lines) if re.search(r"failed \(exitcode|Sending process", line)), None
+    )
+    lines = [
+        line.strip()
+        for line in lines[:end]
+        if line.strip() and not re.match(r"[WIE]\d{4} |\*{5}|Setting OMP_NUM_THREADS", line)
+    ]
+    return lines[-1] if lines else ""
 
 
 def step_9(job):
