@@ -115,10 +115,6 @@ class Job:
         ranks = self.ranks.items() if rank is None else [(rank, self.ranks.get(rank, []))]
         return [(r, e) for r, events in ranks for e in events if e["e"] == kind]
 
-    def first(self, kind, rank=None):
-        found = self.records(kind, rank)
-        return found[0][1] if found else None
-
 
 def visible_gpus(options):
     """The GPUs the job's processes will see. CUDA_VISIBLE_DEVICES="" hides them all: then torch,
@@ -1548,19 +1544,6 @@ def rank_condition(at):
                 if found is None or node.lineno > found[0]:
                     found = (node.lineno, f"if {test}:")
     return found and found[1]
-
-
-def current_batches(job):
-    """(the pass, the batches taken in it) of each rank's last pass over the training loader."""
-    counts = {}
-    training = {i for i, loader in loader_passes(job).items() if loader["training"]}
-    for rank, events in job.ranks.items():
-        for e in events:
-            if e["e"] == "pass" and e["loader"] in training:
-                counts[rank] = (e["n"], 0)
-            elif e["e"] == "batch" and rank in counts and e["loader"] in training:
-                counts[rank] = (counts[rank][0], counts[rank][1] + 1)
-    return counts
 
 
 def step_6(job):
