@@ -108,21 +108,26 @@ class Job:
         self.returncode = None
         self.seconds = 0.0
         self.hung = False  # stopped after --silence seconds without progress
+        self.stuck_at_exit = False  # every rank finished its script, but a process did not end
         self.folder = None
 
     def records(self, kind, rank=None):
         ranks = self.ranks.items() if rank is None else [(rank, self.ranks.get(rank, []))]
         return [(r, e) for r, events in ranks for e in events if e["e"] == kind]
 
-    def first(self, kind, rank=None):
-        found = self.records(kind, rank)
-        return found[0][1] if found else None
+
+def visible_gpus(options):
+    """The GPUs the job's processes will see. CUDA_VISIBLE_DEVICES="" hides them all: then torch,
+    seconds to import, is not needed to know it."""
+    if options.cpu or os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return 0
+    import torch
+
+    return torch.cuda.device_count()
 
 
 def run_job(options):
-    import torch  # here, not at the top: `python check_ddp.py --help` should not wait for it
-
-    gpus = 0 if options.cpu else torch.cuda.device_count()
+    gpus = visible_gpus(options)
     device = "cuda" if gpus >= options.nproc else "cpu"
     folder = Path(tempfile.mkdtemp(prefix="check_ddp-"))
     site = folder / "site"
@@ -130,8 +135,8 @@ def run_job(options):
     (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
     env = dict(os.environ, CHECK_DDP_FOLDER=str(folder), CHECK_DDP_TOOL=str(Path(__file__).resolve()))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)
-    if device == "cpu" and gpus:
-        env["CUDA_VISIBLE_DEVICES"] = ""  # fewer GPUs than processes: the CPU, as on a laptop
+    if device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""  # --cpu, or fewer GPUs than processes: the CPU, as on a laptop
     launch = ["--standalone", f"--nproc_per_node={options.nproc}"]
     command = [sys.executable, "-m", "torch.distributed.run", *launch, options.script, *options.args]
     job = Job(options, ["torchrun", *launch, options.script, *options.args], device)
@@ -155,8 +160,15 @@ def run_job(options):
             if sizes != seen:
                 seen, quiet_since = sizes, time.monotonic()
             elif time.monotonic() - quiet_since > allowed:
-                job.hung = True
-                stop(proc)
+                finished = records and all(
+                    re.search(r'"e": "(exit|ddp_freed)"', p.read_text()) for p in records
+                )
+                if not finished:
+                    job.hung = True
+                    stop(proc)
+                elif time.monotonic() - quiet_since > allowed + 10:  # done, but not gone
+                    job.stuck_at_exit = True
+                    stop(proc)
     if options.verbose:
         show_new_output(log, shown)
     job.seconds = time.monotonic() - start
@@ -218,7 +230,9 @@ class Recorder:
     leaves what it did and where it waits."""
 
     def __init__(self, path):
-        self.path, self.pending, self.lock = path, [], threading.Lock()
+        # reentrant: a record can be added while this thread flushes (a finalizer run by the garbage
+        # collector, in the middle of a flush)
+        self.path, self.pending, self.lock = path, [], threading.RLock()
         self.enabled = True
         self.position = None
         self.main = threading.main_thread().ident
@@ -240,7 +254,7 @@ class Recorder:
         while True:
             time.sleep(0.5)
             position = main_thread_position(self.main)
-            if position != self.position:
+            if position != self.position or position[3]:  # compiling: busy, however long one step takes
                 self.position = position
                 self.add("now", call=position[0], stack=position[1], inner=position[2])
             self.flush()
@@ -283,17 +297,18 @@ def called_by_user(skip=2):
 
 def main_thread_position(main):
     """(the watched call the main thread is in, or None; the script's lines it came from, innermost
-    first; the innermost frame, which moves while it computes)."""
+    first; the innermost frame, which moves while it computes; whether torch is compiling)."""
     frame = sys._current_frames().get(main)
-    call, stack, inner = None, [], place(frame) if frame else None
+    call, stack, inner, compiling = None, [], place(frame) if frame else None, False
     while frame is not None:
         if call is None and not stack and frame.f_code in WATCHED:
             call = WATCHED[frame.f_code]
         if is_users(frame.f_code.co_filename):
             stack.append(place(frame))
+        compiling = compiling or re.search(r"torch[/\\]_(dynamo|inductor)[/\\]", frame.f_code.co_filename)
         frame = frame.f_back
     del frame
-    return call, stack[:8], inner
+    return call, stack[:8], inner, bool(compiling)
 
 
 def fingerprint(value, depth=0):
@@ -317,6 +332,13 @@ def fingerprint(value, depth=0):
     return repr(value)[:64]
 
 
+def length_of(thing):
+    try:
+        return len(thing)
+    except TypeError:  # an IterableDataset without a length, and its DataLoader
+        return None
+
+
 def dataset_fingerprint(dataset):
     """The dataset's data, or (for a dataset that makes its samples) four of its samples, drawn
     with every random generator seeded alike and then restored, so that the script's own
@@ -326,7 +348,11 @@ def dataset_fingerprint(dataset):
     import torch
 
     tensors = dataset.tensors if hasattr(dataset, "tensors") else None
-    stored = [v for v in vars(dataset).values() if type(v).__module__ in ("torch", "numpy")]
+    stored = [
+        v
+        for v in getattr(dataset, "__dict__", {}).values()
+        if isinstance(v, torch.Tensor) or type(v).__name__ == "ndarray"
+    ]
     if tensors or stored:
         return fingerprint(list(tensors or stored))
     try:
@@ -384,6 +410,7 @@ def watch():
         "forward": 0,
         "items": {},
         "step": 0,
+        "evaluations": 0,
         "pass": None,  # the DataLoader pass that gave the last batch
     }
     live_ddp = []  # weak references to the DDP models made
@@ -392,7 +419,7 @@ def watch():
     folder = os.path.realpath(os.environ["CHECK_DDP_FOLDER"])
     caches = os.path.realpath(os.path.expanduser("~/.cache"))
 
-    def wrap(owner, name, label, make):
+    def wrap(owner, name, label, make, compiled_through=False):
         original = getattr(owner, name, None)
         if original is None:
             return
@@ -400,6 +427,8 @@ def watch():
         # a code object of its own, so that a frame of it names its call (wrappers share their code)
         wrapper.__code__ = wrapper.__code__.replace(co_name=f"{wrapper.__code__.co_name}_{name}")
         WATCHED[wrapper.__code__] = label
+        if compiled_through:  # torch.compile must not trace this watcher, only what it wraps, as before
+            wrapper = torch.compiler.disable(wrapper, recursive=False)
         setattr(owner, name, wrapper)
 
     # DDP step 1: the launch variables the script writes, and the group it makes
@@ -449,6 +478,7 @@ def watch():
         def destroy_process_group(*args, **kwargs):
             if not args and not kwargs:  # the whole job's group, not a subgroup
                 rec.add("destroy", at=where())
+                rec.flush()  # on disk now: what follows may be a process that never ends
             return original(*args, **kwargs)
 
         return destroy_process_group
@@ -518,7 +548,8 @@ def watch():
                 id=self._check_ddp_id,
                 at=where(),
                 dataset=type(dataset).__name__,
-                length=len(dataset) if hasattr(dataset, "__len__") else None,
+                length=length_of(dataset),
+                batches=length_of(self),
                 data=dataset_fingerprint(dataset),
                 sampler=type(self.sampler).__name__,
                 distributed=distributed is not None
@@ -588,13 +619,33 @@ def watch():
 
     wrap(DistributedSampler, "set_epoch", "sampler.set_epoch()", set_epoch)
 
+    from torch.distributed.algorithms.join import Join
+
+    def join(original):
+        def join_init(self, *args, **kwargs):
+            rec.add("join", at=where())
+            return original(self, *args, **kwargs)
+
+        return join_init
+
+    wrap(Join, "__init__", "Join(...)", join)
+
     # DDP step 4: the wrapper, what goes through it, and the replicas' weights
+    def ddp_freed(_):
+        """The DDP model is being freed, training done: on disk now, and a moment for gloo. In torch
+        2.13 freeing it joins gloo's threads while holding the GIL, and a thread still releasing a
+        tensor of the last collective needs the GIL: the process hangs (pytorch/pytorch#190489). The
+        pause lets that thread finish first; this watcher's own thread makes the race likelier."""
+        rec.add("ddp_freed")
+        rec.flush()
+        time.sleep(0.1)
+
     def ddp_init(original):
         def ddp_init(self, module, *args, **kwargs):
             original(self, module, *args, **kwargs)
             import weakref
 
-            live_ddp.append(weakref.ref(self))
+            live_ddp.append(weakref.ref(self, ddp_freed))
             weights.extend(self.module.parameters())
             inner = getattr(module, "_orig_mod", module)
             rec.add(
@@ -604,6 +655,7 @@ def watch():
                 compiled=getattr(module, "_compiled_call_impl", None) is not None,
                 compiled_inside=hasattr(module, "_orig_mod"),
                 device_ids=[str(d) for d in (self.device_ids or [])],
+                find_unused_parameters=self.find_unused_parameters,
                 devices=sorted({str(p.device) for p in self.module.parameters()}),
                 parameters=sum(p.numel() for p in self.module.parameters()),
             )
@@ -614,7 +666,9 @@ def watch():
 
     def ddp_forward(original):
         def ddp_forward(self, *args, **kwargs):
-            if torch.is_grad_enabled():
+            if not torch.is_grad_enabled():
+                state["evaluations"] += 1  # a forward without gradients: evaluation, or inference
+            else:
                 state["forward"] += 1
                 first = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
                 if first is not None and first.numel():
@@ -625,7 +679,7 @@ def watch():
 
         return ddp_forward
 
-    wrap(DistributedDataParallel, "forward", "DDP forward", ddp_forward)
+    wrap(DistributedDataParallel, "forward", "DDP forward", ddp_forward, compiled_through=True)
 
     def backward(original):
         def autograd_backward(*args, **kwargs):
@@ -782,6 +836,7 @@ def watch():
             message=str(error).strip()[:400],
             at=f"{os.path.relpath(users[-1].filename)}:{users[-1].lineno}" if users else None,
             call=call,
+            loader=state["pass"] and state["pass"]["loader"],
         )
         rec.flush()
         previous_hook(kind, error, tb)
@@ -807,6 +862,7 @@ def watch():
             inputs=[float(x) for x in torch.stack(inputs).tolist()] if inputs else [],
             graphs=graphs,
             steps=state["step"],
+            evaluations=state["evaluations"],
         )
         rec.flush()
 
@@ -878,6 +934,10 @@ def ranks_text(ranks):
     return "ranks " + ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
 
 
+def both(ranks):
+    return "both" if len(ranks) == 2 else "all"
+
+
 def by_line(at):
     path, _, line = at.rpartition(":")
     return path, int(line) if line.isdigit() else 0
@@ -895,12 +955,12 @@ def judge(job):
         step_2(job, crash),
         step_3(job, world),
         step_4(job, world, crash),
-        step_5(job, world),
+        step_5(job, world, crash),
         step_6(job),
         step_7(job, crash),
         step_8(job, crash),
         step_9(job),
-        step_10(job, world),
+        step_10(job, world, crash),
     ]
     lines = [line for line in lines if line is not None]
     if crash is not None and not any(getattr(line, "explains_crash", False) for line in lines):
@@ -921,8 +981,10 @@ def judge(job):
 
 
 def first_crash(job):
+    """The crash that explains the others: a rank's own error before one that only reports a lost
+    peer (torchrun stops the other ranks when one fails, and they may fail on its absence first)."""
     crashes = job.records("crash")
-    return min(crashes, key=lambda c: c[0]) if crashes else None
+    return min(crashes, key=lambda c: (bool(COMMUNICATION_ERROR.search(c[1]["message"])), c[0]), default=None)
 
 
 def crash_step(job, event):
@@ -940,6 +1002,9 @@ def crash_step(job, event):
         "torch.load()": 6,
         "destroy_process_group()": 7,
     }
+    loaders = loader_passes(job)
+    if event.get("loader") in loaders and not loaders[event["loader"]]["training"]:
+        return 10  # in an evaluation loop
     if event.get("call") in by_call:
         return by_call[event["call"]]
     if (event.get("call") or "").startswith("dist."):
@@ -960,6 +1025,7 @@ def needs_gpu(event):
     return bool(
         event
         and re.search(r"CUDA|NVIDIA|NCCL|nccl|cuda|GPU", event["message"])
+        and "SyncBatchNorm" not in event["message"]
         and not re.search(r"out of memory", event["message"])
     )
 
@@ -1017,6 +1083,8 @@ def step_1(job, crash):
             return line
         if not job.ranks:
             return Line(1, "--", "not checked: the script never started (step 8)")
+        if (crash or job.records("spawn") or job.hung or job.returncode) and not job.records("step"):
+            return Line(1, "--", "not checked: the job stopped before any rank made its process group")
         return Line(
             1,
             "FAIL",
@@ -1072,7 +1140,7 @@ def step_2(job, crash):
         line.explains_crash = True
         return line
     if job.device != "cuda":
-        return Line(2, "--", "not checked: no GPU here (the job ran on the CPU)")
+        return Line(2, "--", "not checked: no GPU here")
     starts = {r: e for r, e in job.records("start")}
     devices = {r: e["devices"] for r, e in job.records("ddp")}
     if not devices:
@@ -1263,6 +1331,16 @@ def step_4(job, world, crash):
         )
         line.explains_crash = True
         return line
+    if crash and "SyncBatchNorm" in crash[1]["message"]:
+        line = Line(
+            4,
+            "FAIL",
+            f"rank {crash[0]}: {code(crash[1]['at'])}: {short(crash[1]['message'])}",
+            help="convert to SyncBatchNorm only where the model is on GPUs: "
+            "if device.type == 'cuda': model = nn.SyncBatchNorm.convert_sync_batchnorm(model)",
+        )
+        line.explains_crash = True
+        return line
     ddp, steps = job.records("ddp"), job.records("step")
     if not steps:
         return Line(4, "--", "not checked: no optimizer step ran")
@@ -1292,6 +1370,15 @@ def step_4(job, world, crash):
             f"the replicas differ at the end: {differ} (DDP at {code(at)})",
             help="every rank must take the same optimizer steps on the DDP model's all-reduced gradients",
         )
+    if "did not find any unused parameters" in job.output:  # DDP's own warning, in the job's output
+        return Line(
+            4,
+            "warn",
+            f"DDP(..., find_unused_parameters=True) at {code(at)}, and every parameter is used: DDP walks "
+            "the autograd graph after every forward for nothing",
+            help="leave find_unused_parameters out (it is False by default)",
+            see=PITFALLS["unused_parameter"],
+        )
     compiles = [e for _, e in job.records("compile") if e["wraps_ddp"]]
     compiled_before = [e for _, e in ddp if e["compiled"]]
     graphs = max((e["graphs"] or 0 for _, e in job.records("exit")), default=0)
@@ -1306,22 +1393,29 @@ def step_4(job, world, crash):
             see=PITFALLS["compile_order"],
         )
     total = max(e["steps"] for _, e in job.records("exit")) if job.records("exit") else None
-    equal = " the replicas' weights are equal at the end" if differ == "" else ""
-    return Line(
-        4,
-        "ok",
-        f"DDP at {at};{equal or ' every forward went through it'}"
-        + (f" ({total} optimizer steps)" if total else ""),
-    )
+    equal = "the replicas are equal at the end" if differ == "" else "every forward went through it"
+    return Line(4, "ok", f"DDP at {at}; {equal}" + (f" ({plural(total, 'step')})" if total else ""))
 
 
-def step_5(job, world):
+def step_5(job, world, crash):
     if (
         job.hung
         and job.records("met")
         and not any(getattr(line, "explains_hang", False) for line in [step_1(job, None)])
     ):
         return hang_line(job)
+    why = divergence(job)
+    if crash and COMMUNICATION_ERROR.search(crash[1]["message"]) and why:
+        line = Line(
+            5,
+            "FAIL",
+            f"rank {crash[0]} lost its peers at {code(crash[1]['at'])} ({short(crash[1]['message'])}). "
+            + why[0],
+            help=why[1],
+            see=why[2],
+        )
+        line.explains_crash = True
+        return line
     steps = job.records("step", rank=min(job.ranks)) if job.ranks else []
     colls = job.records("coll", rank=min(job.ranks)) if job.ranks else []
     if not steps:
@@ -1350,8 +1444,7 @@ def step_5(job, world):
             "and all-reduce it once an epoch",
             see=PITFALLS["metrics"],
         )
-    reducing = ("all_reduce", "reduce", "all_gather", "all_gather_object", "all_gather_into_tensor")
-    reduced = sorted({at for (name, at) in sites if name in reducing}, key=by_line)
+    reduced = sorted({at for (name, at) in sites if name in REDUCING}, key=by_line)
     if world > 1 and not reduced:
         return Line(
             5,
@@ -1364,8 +1457,7 @@ def step_5(job, world):
     return Line(
         5,
         "ok",
-        f"metrics all-reduced at {', '.join(reduced)} ({plural(calls, 'call')} "
-        f"for {plural(n, 'optimizer step')})",
+        f"all-reduced at {' and '.join(reduced)}: {plural(calls, 'call')} in {plural(n, 'step')}",
     )
 
 
@@ -1379,61 +1471,57 @@ def hang_line(job):
         if call == "backward()" and job.records("ddp"):
             what = "backward(), DDP's gradient all-reduce"
         parts.append(f"rank {rank} waits in {what} at {code(at)}" if at else f"rank {rank}: not known")
-    text = (
-        f"the job stopped making progress ({job.options.silence:g} s without any, then stopped): "
-        + "; ".join(parts)
-    )
-    cause, see, help = (
+    text = f"the job stopped making progress ({job.options.silence:g} s without any): " + "; ".join(parts)
+    cause, help, see = divergence(job, waiting) or (
         None,
+        "every rank must reach the same collectives, in the same order",
         PITFALLS["rank_zero_collective"],
-        (
-            "every rank must reach the same collectives, in the same order: take collectives out of "
-            "rank-only "
-            "blocks, and give every rank as many batches"
-        ),
     )
-    for _, (call, at, stack) in sorted(waiting.items()):
+    return Line(5, "FAIL", text + (f". {cause}" if cause else ""), help=help, see=see)
+
+
+COMMUNICATION_ERROR = re.compile(
+    r"closed by peer|reset by peer|Connection refused|Timed out|timed out|doesn't match expected size|"
+    r"collective mismatch|Broken pipe|NCCL communicator was aborted|Watchdog caught"
+)
+
+
+def divergence(job, waiting=None):
+    """Why the ranks fell out of step, seen from what each did: (cause, help, pitfall), or None."""
+    for _, (call, at, stack) in sorted((waiting or {}).items()):
         for line in stack if call and call != "backward()" else ():
             condition = rank_condition(line)
             if condition:
                 reached = f"{call} at {at}" + (f", called from {line}," if line != at else "")
-                cause = f"{reached} is inside `{condition}`: only some ranks reach it"
-                break
-        if cause:
-            break
-    if cause is None:
-        counts = current_batches(job)
-        if len({n for n, _ in counts.values()}) == 1 and len({c for _, c in counts.values()}) > 1:
-            cause = (
-                "the ranks ran different numbers of batches this epoch ("
-                + ", ".join(f"rank {r}: {c}" for r, (_, c) in sorted(counts.items()))
-                + "): uneven inputs"
-            )
-            see, help = (
-                PITFALLS["uneven"],
-                (
-                    "give every rank as many batches: a DistributedSampler (it pads), or torch.distributed."
-                    "algorithms.join.Join to let ranks finish unevenly"
-                ),
-            )
-    if cause is None:
-        steps = {r: len([e for e in events if e["e"] == "step"]) for r, events in job.ranks.items()}
-        if len(set(steps.values())) > 1:
-            cause = (
-                "the ranks left the training loop at different steps ("
-                + ", ".join(f"rank {r}: {c}" for r, c in sorted(steps.items()))
-                + ")"
-            )
-            see, help = (
-                PITFALLS["early_stop"],
-                (
-                    "decide to stop from values every rank has (all-reduce the metric first), so that all "
-                    "stop together"
-                ),
-            )
-    if cause:
-        text += f". {cause}"
-    return Line(5, "FAIL", text, help=help, see=see)
+                return (
+                    f"{reached} is inside `{condition}`: only some ranks reach it",
+                    "take the collective out of the rank-only block: every rank must call it",
+                    PITFALLS["rank_zero_collective"],
+                )
+    if not job.records("join"):
+        for loader in loader_passes(job).values():
+            batches = {r: e["batches"] for r, e in loader["made"].items() if e["batches"] is not None}
+            if loader["training"] and len(set(batches.values())) > 1:
+                return (
+                    "the ranks have different numbers of batches an epoch ("
+                    + ", ".join(f"rank {r}: {n}" for r, n in sorted(batches.items()))
+                    + f", DataLoader at {next(iter(loader['made'].values()))['at']}): uneven inputs, and "
+                    "every backward() all-reduces with every rank",
+                    "give every rank as many batches: DistributedSampler (it pads, or drops with "
+                    "drop_last=True), or run the loop inside torch.distributed.algorithms.join.Join([model])",
+                    PITFALLS["uneven"],
+                )
+    steps = {r: len([e for e in events if e["e"] == "step"]) for r, events in job.ranks.items()}
+    if len(set(steps.values())) > 1:
+        return (
+            "the ranks left the training loop at different steps ("
+            + ", ".join(f"rank {r}: {c}" for r, c in sorted(steps.items()))
+            + ")",
+            "decide to stop from values every rank has (all-reduce the metric first), so that all stop "
+            "together",
+            PITFALLS["early_stop"],
+        )
+    return None
 
 
 def rank_condition(at):
@@ -1456,19 +1544,6 @@ def rank_condition(at):
                 if found is None or node.lineno > found[0]:
                     found = (node.lineno, f"if {test}:")
     return found and found[1]
-
-
-def current_batches(job):
-    """(the pass, the batches taken in it) of each rank's last pass over the training loader."""
-    counts = {}
-    training = {i for i, loader in loader_passes(job).items() if loader["training"]}
-    for rank, events in job.ranks.items():
-        for e in events:
-            if e["e"] == "pass" and e["loader"] in training:
-                counts[rank] = (e["n"], 0)
-            elif e["e"] == "batch" and rank in counts and e["loader"] in training:
-                counts[rank] = (counts[rank][0], counts[rank][1] + 1)
-    return counts
 
 
 def step_6(job):
@@ -1497,9 +1572,8 @@ def step_6(job):
             return Line(
                 6,
                 "FAIL",
-                f"{ranks_text(savers)} all saved {os.path.relpath(path)} at {code(e['at'])}: every rank "
-                "writes "
-                "the same file, at once",
+                f"{ranks_text(savers)} {both(savers)} saved {os.path.relpath(path)} at {code(e['at'])}: "
+                "every rank writes the same file, at once",
                 help="save on one rank: if dist.get_rank() == 0: torch.save(...), with no collective inside",
                 see=PITFALLS["rank_zero_collective"],
             )
@@ -1551,8 +1625,7 @@ def step_6(job):
     return Line(
         6,
         "ok",
-        f"{ranks_text(ranks)} alone saved {plural(len(names), 'file')} ({shown}) at {e['at']}: model and "
-        "optimizer state, no module. prefix",
+        f"{ranks_text(ranks)} alone saved {shown} at {e['at']}: model and optimizer state, no module. prefix",
     )
 
 
@@ -1567,7 +1640,7 @@ def shared_writes(job):
             return Line(
                 6,
                 "warn",
-                f"{ranks_text(by)} all wrote {os.path.relpath(path)} at {code(e['at'])}",
+                f"{ranks_text(by)} {both(by)} wrote {os.path.relpath(path)} at {code(e['at'])}",
                 help="write files from one rank (if dist.get_rank() == 0:), or one file per rank",
             )
     return None
@@ -1575,6 +1648,19 @@ def shared_writes(job):
 
 def step_7(job, crash):
     destroyed = {r: e for r, e in job.records("destroy")}
+    if job.stuck_at_exit:
+        ended = {r for r, _ in job.records("exit")}
+        stuck = sorted(set(job.ranks) - ended) or sorted(job.ranks)
+        freeing = all(job.records("ddp_freed", rank=r) for r in stuck)
+        return Line(
+            7,
+            "warn",
+            f"every rank finished training, but {ranks_text(stuck)} did not end: stopped "
+            f"{job.options.silence + 10:g} s after the last sign of life"
+            + (", while freeing the DDP model" if freeing else ""),
+            help="on gloo, torch 2.13 can hang as a process frees its DDP model (pytorch/pytorch#190489); "
+            "else something still runs as Python exits (a thread, a worker pool): end it",
+        )
     if len(destroyed) == len(job.ranks) and destroyed:
         return Line(
             7, "ok", f"every rank destroyed its process group at {next(iter(destroyed.values()))['at']}"
@@ -1629,19 +1715,32 @@ def step_8(job, crash):
             )
             line.explains_crash = True
             return line
-    if not job.ranks:
-        tail = [
-            line for line in job.output.splitlines() if line.strip() and not re.match(r"[WIE]\d{4} ", line)
-        ]
+    quit_early = job.returncode and not (crash or job.hung or job.stuck_at_exit or job.records("step"))
+    if not job.ranks or quit_early:
+        said = script_said(job) or f"exit {job.returncode}"
         return Line(
             8,
             "FAIL",
-            "the script did not start under torchrun: "
-            + (tail[-1].strip() if tail else f"exit {job.returncode}"),
-            help="run it as torchrun --standalone --nproc_per_node=2 SCRIPT to see the whole error",
+            f"the script {'did not start' if not job.ranks else 'stopped before training'} under torchrun: "
+            f"{said}",
+            help="give the script its own arguments after its name (python check_ddp.py my_train.py ARGS); "
+            "torchrun --standalone --nproc_per_node=2 my_train.py ARGS shows the whole error",
         )
-    where = "on the CPU (gloo)" if job.device == "cpu" else "on the GPUs"
-    return Line(8, "ok", f"torchrun started it as written: {len(job.ranks)} processes {where}")
+    return Line(8, "ok", f"torchrun ran it as written, {len(job.ranks)} processes")
+
+
+def script_said(job):
+    """The last line the script printed before torchrun's own report of its failure."""
+    lines = job.output.splitlines()
+    end = next(
+        (i for i, line in enumerate(lines) if re.search(r"failed \(exitcode|Sending process", line)), None
+    )
+    lines = [
+        line.strip()
+        for line in lines[:end]
+        if line.strip() and not re.match(r"[WIE]\d{4} |\*{5}|Setting OMP_NUM_THREADS", line)
+    ]
+    return lines[-1] if lines else ""
 
 
 def step_9(job):
@@ -1663,15 +1762,42 @@ def step_9(job):
     return Line(9, "ok", f"{k} micro-batches an optimizer step; only the last backward all-reduces (no_sync)")
 
 
-def step_10(job, world):
-    evaluation = {
-        i: loader for i, loader in loader_passes(job).items() if not loader["training"] and loader["passes"]
-    }
+REDUCING = ("all_reduce", "reduce", "all_gather", "all_gather_object", "all_gather_into_tensor", "gather")
+
+
+def step_10(job, world, crash):
+    loaders = loader_passes(job)
+    evaluation = {i: loader for i, loader in loaders.items() if not loader["training"] and loader["passes"]}
+    if crash and crash[1].get("loader") in evaluation:
+        rank, e = crash
+        if e.get("call") == "DDP forward" and COMMUNICATION_ERROR.search(e["message"]):
+            line = Line(
+                10,
+                "FAIL",
+                f"rank {rank} evaluated through the DDP model at {code(e['at'])} while the other ranks did "
+                f"not: DDP's forward waits for them ({short(e['message'])})",
+                help="evaluate the bare model, model.module, under torch.no_grad(): it needs no other rank",
+            )
+            line.explains_crash = True
+            return line
+        return None  # the script's own error, in its evaluation: reported as such, in this step
     if not evaluation:
+        through_ddp = {r: e["evaluations"] for r, e in job.records("exit")}
+        alone = sorted(r for r, n in through_ddp.items() if n)
+        if len(through_ddp) == world > 1 and len(alone) == 1:
+            return Line(
+                10,
+                "warn",
+                f"rank {alone[0]} alone evaluated ({through_ddp[alone[0]]} forwards without gradients "
+                "through the DDP model, none on the other ranks): its held-out number is an estimate from "
+                "its own batches, not the held-out set",
+                help="for an exact number, let every rank evaluate its shard of the held-out set, then "
+                "all-reduce (sum, count)",
+            )
         return None
-    for _i, loader in evaluation.items():
+    for i, loader in evaluation.items():
         passes = loader["passes"]
-        some = next(iter(loader["made"].values()))
+        at = next(iter(loader["made"].values()))["at"]
         if len(passes) < world:
             continue
         shards = {r: p[0] for r, p in passes.items()}
@@ -1681,25 +1807,52 @@ def step_10(job, world):
             return Line(
                 10,
                 "ok",
-                f"every rank evaluated all {len(union)} held-out samples (DataLoader at "
-                f"{some['at']}): exact, and {world} times the work",
+                f"every rank evaluated all {len(union)} held-out samples (DataLoader at {at}): exact, and "
+                f"{world} times the work",
+            )
+        if not reduced_after_passes(job, i):
+            return Line(
+                10,
+                "FAIL",
+                f"each rank evaluated only its own shard of the held-out set (DataLoader at {code(at)}), "
+                "and no collective followed: the held-out metric each rank has is its shard's alone",
+                help="sum (loss x samples, samples) and correct counts on each rank, then dist.all_reduce() "
+                "them before dividing",
+                see=PITFALLS["metrics"],
             )
         if total > len(union):
             return Line(
                 10,
                 "warn",
                 f"the held-out shards repeat {total - len(union)} of {len(union)} samples (DataLoader at "
-                f"{code(some['at'])}): DistributedSampler pads them, so a mean counts those twice",
+                f"{code(at)}): DistributedSampler pads them, so a mean counts those twice",
                 help="give rank r the samples range(r, len(dataset), world_size), then all-reduce "
                 "(sum, count)",
             )
         return Line(
             10,
             "ok",
-            f"each rank evaluated its own shard: {len(union)} held-out samples, each once "
-            f"(DataLoader at {some['at']})",
+            f"each rank evaluated its own shard, then all-reduced: {len(union)} held-out samples, each once "
+            f"(DataLoader at {at})",
         )
     return None
+
+
+def reduced_after_passes(job, loader):
+    """Whether, on the lowest rank, a reducing collective follows each pass over loader before the
+    next pass over any loader (or the end)."""
+    rank = min(job.ranks)
+    pending = False
+    for e in job.ranks[rank]:
+        if e["e"] == "pass":
+            if pending:
+                return False
+            pending = e["loader"] == loader
+        elif e["e"] == "coll" and e["name"] in REDUCING:
+            pending = False
+        elif e["e"] == "exit" and pending:
+            return False
+    return True
 
 
 # -----------------------------------------------------------------------------

@@ -7,7 +7,7 @@ DDP step 8: launch with torchrun. It starts one copy of this script per process
     torchrun --standalone --nproc_per_node=2 train_ddp.py --epochs 10 --batch_size 32
     python train_ddp.py        # without torchrun: a one-process job
 
-Several nodes: see README.md, "Run it". The same command runs on GPUs (nccl) and on
+Several nodes: see docs/multi-node.md. The same command runs on GPUs (nccl) and on
 CPUs (gloo). Read it next to its single-process twin, single_gpu_baseline.py:
 `diff -u single_gpu_baseline.py train_ddp.py` shows only the DDP steps, each named.
 The guide's skeleton comes first (setup, cleanup, train); the plumbing both scripts

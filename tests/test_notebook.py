@@ -47,8 +47,10 @@ def execute(notebook, folder, **settings):
 
 
 def copy_project(dest):
-    """What the notebook reads: itself, the twin scripts and the pitfalls."""
+    """What the notebook reads: itself, its helpers, the twin scripts, the checker and the pitfalls."""
     shutil.copy(NOTEBOOK, dest / NOTEBOOK.name)
+    shutil.copy(ROOT / "walkthrough_helpers.py", dest / "walkthrough_helpers.py")
+    shutil.copy(ROOT / "check_ddp.py", dest / "check_ddp.py")
     shutil.copytree(ROOT / "pitfalls", dest / "pitfalls", ignore=shutil.ignore_patterns("__pycache__"))
     return copy_scripts(dest)
 
@@ -62,7 +64,8 @@ def outputs(cell):
 
 
 def plumbing_cell():
-    return next(cell for cell in read_notebook().cells if "def run(" in cell.source)
+    """The cell that imports run(), FIGURES and the rest from walkthrough_helpers.py."""
+    return next(cell for cell in read_notebook().cells if "from walkthrough_helpers import" in cell.source)
 
 
 def test_the_notebook_is_committed_without_outputs():
@@ -84,6 +87,13 @@ def test_the_notebook_headings_are_the_steps_of_the_readme():
     headings = re.findall(r"^## Step (\d+): (.+)$", markdown, flags=re.M)
     readme = re.findall(r"^\| (\d+) \| ([^|]+?) \|", (ROOT / "README.md").read_text(), flags=re.M)
     assert headings == readme
+
+
+def test_the_picture_is_shown_before_any_code_runs():
+    cells = read_notebook().cells
+    first_code = next(i for i, cell in enumerate(cells) if cell.cell_type == "code")
+    assert any("](figures/ddp.png)" in cell.source for cell in cells[:first_code])
+    assert (ROOT / "figures/ddp.png").stat().st_size > 10_000  # committed, so it shows without a run
 
 
 def test_the_notebook_runs_top_to_bottom_writes_only_its_out_folder_and_shows_what_it_says(tmp_path):
@@ -117,6 +127,55 @@ def test_the_notebook_runs_top_to_bottom_writes_only_its_out_folder_and_shows_wh
     assert f"scaling: process counts {scaling}," in text
     rows = re.findall(r"^(small|wide) +N=(\d): .* efficiency \d\.\d\d \(\d\.\d\d to \d\.\d\d\)", text, re.M)
     assert rows == [(regime, str(n)) for regime in ("small", "wide") for n in scaling]
+    # your turn: the report of a conversion without set_epoch names step 3; the fixed one passes
+    assert re.findall(r"^check_ddp: (ok|FAIL)\b", text, re.M) == ["FAIL", "ok"]
+    assert re.search(r"^step 3 +FAIL +shard the data: rank \d drew the same order", text, re.M), text
+    # and the README shows the report of that same conversion: the same verdict at every step
+    shown = re.search(r"<!-- check-report -->\n```text\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    verdicts = re.compile(r"^step (\d+) +(ok|warn|FAIL|--) ", re.M)
+    first_report = text[text.index("$ python check_ddp.py") :].split("\ncheck_ddp: FAIL")[0]
+    assert verdicts.findall(shown.group(1)) == verdicts.findall(first_report)
+
+
+# What each step's view must show (the lines it needs, complete) and must not (another step's lines,
+# or lines that are not DDP).
+STEP_VIEWS = {
+    1: (
+        ["import torch.distributed as dist", "dist.init_process_group(backend"],
+        ["set_device", "return device"],
+    ),
+    2: (["LOCAL_RANK", "torch.cuda.set_device(device)"], ["init_process_group"]),
+    3: (
+        ["DistributedSampler(dataset, seed", "sampler.set_epoch(epoch)"],
+        ["DataLoader(", "BatchSampler(sampler"],
+    ),
+    4: (["model = DDP(model"], ["init_process_group"]),
+    5: (["totals = torch.stack", "dist.all_reduce(totals)", "dist.get_world_size()"], ["val_totals"]),
+    6: (["dist.broadcast_object_list(choice)", "if dist.get_rank() == 0:", "model.module, optimizer"], []),
+    7: (["def cleanup():", "dist.destroy_process_group()", "cleanup()  # DDP step 7"], []),
+    8: (["torchrun --standalone --nproc_per_node=2 train_ddp.py", "check_launch(args)"], []),
+    9: (["last = ", "model.no_sync()", ".backward()"], ["optimizer.step()"]),
+    10: (
+        ["range(dist.get_rank(), len(val_set)", "val_totals = torch.stack", "dist.all_reduce(val_totals)"],
+        [],
+    ),
+}
+
+
+def test_each_step_view_shows_its_own_lines_complete(tmp_path):
+    loop = "for n in range(1, 11):\n    print(f'== step {n}')\n    show_step(n)"
+    notebook = nbformat.v4.new_notebook(
+        cells=[plumbing_cell(), nbformat.v4.new_code_cell(loop)], metadata=read_notebook().metadata
+    )
+    execute(notebook, copy_project(tmp_path))
+    views = re.findall(
+        r"^== step (\d+)\n(.*?)(?=^== step |\Z)", outputs(notebook.cells[-1]), flags=re.S | re.M
+    )
+    assert [int(n) for n, _ in views] == list(STEP_VIEWS)
+    for n, view in views:
+        shows, never = STEP_VIEWS[int(n)]
+        assert all(text in view for text in shows), f"step {n}'s view lacks one of {shows}:\n{view}"
+        assert not any(text in view for text in never), f"step {n}'s view shows one of {never}:\n{view}"
 
 
 def test_a_failed_run_fails_its_cell(tmp_path):

@@ -1,0 +1,372 @@
+"""The plumbing of walkthrough.ipynb, kept out of the lesson's way: run a command as a terminal would,
+show one DDP step's lines of train_ddp.py, read and plot what the runs wrote, measure throughput,
+and draw figures/ddp.png, the picture the README and the notebook open with:
+
+    python walkthrough_helpers.py      # redraws figures/ddp.png
+
+What is taught stays in train_ddp.py and in the notebook; nothing here is part of DDP.
+"""
+
+import ast
+import difflib
+import itertools
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import torch
+from matplotlib.patches import FancyBboxPatch
+from torch.utils.data.distributed import DistributedSampler
+
+STARTED = time.perf_counter()
+OUT = Path("out/walkthrough")  # everything the notebook writes goes here (git ignores out/)
+FIGURES = Path(os.environ.get("WALKTHROUGH_FIGURES", OUT))  # WALKTHROUGH_FIGURES=figures: the README's
+for folder in (OUT, FIGURES):
+    folder.mkdir(parents=True, exist_ok=True)
+
+
+# -----------------------------------------------------------------------------
+# running the scripts
+
+
+def run(*args, nproc=None):
+    """`python ARGS`, or `torchrun --standalone --nproc_per_node=NPROC ARGS`, its output shown as it
+    comes. A command that fails fails the cell, as it would stop a shell script (a notebook's
+    `!torchrun ...` would pass silently). Every process gets one thread (see "How fast")."""
+    launcher = [] if nproc is None else ["--standalone", f"--nproc_per_node={nproc}"]
+    print("$", "torchrun" if launcher else "python", *launcher, *args, flush=True)
+    torchrun = ["-m", "torch.distributed.run"] if launcher else []  # torchrun, with this kernel's Python
+    command = [sys.executable, *torchrun, *launcher, *args]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    ) as proc:
+        for line in proc.stdout:
+            print(line, end="", flush=True)
+    if proc.returncode:
+        raise RuntimeError(f"exited with {proc.returncode}: {' '.join(args)}")
+
+
+def check(script, *args, expect):
+    """`python check_ddp.py SCRIPT ARGS`, its report shown as it comes. It exits 1 when a step
+    fails, as a broken conversion should: the cell fails unless it exits as expected."""
+    print("$ python check_ddp.py", script, *args, flush=True)
+    command = [sys.executable, "check_ddp.py", str(script), *map(str, args)]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        for line in proc.stdout:
+            print(line, end="", flush=True)
+    if proc.returncode != expect:
+        raise RuntimeError(f"check_ddp.py exited with {proc.returncode}, not {expect}: {script}")
+
+
+def fresh(name):
+    """OUT/name, emptied: each run its own folder (the scripts never mix two runs' files)."""
+    shutil.rmtree(OUT / name, ignore_errors=True)
+    return OUT / name
+
+
+def metrics(out_dir):
+    """The records of metrics.jsonl, one per epoch."""
+    return [json.loads(line) for line in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+def process_counts():
+    """The process counts to run: WALKTHROUGH_NPROCS=1,2 if set, else the GPUs (1, 2, 4, 8 that fit),
+    else 1, 2 and 4 on the CPU."""
+    if "WALKTHROUGH_NPROCS" in os.environ:
+        return [int(n) for n in os.environ["WALKTHROUGH_NPROCS"].split(",")]
+    if torch.cuda.is_available():
+        return [n for n in (1, 2, 4, 8) if n <= torch.cuda.device_count()]
+    return [1, 2, 4]
+
+
+def hardware():
+    if torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name()}, nccl"
+    return f"{os.cpu_count()}-core {platform.machine()} CPU, gloo"
+
+
+def cores():
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+# -----------------------------------------------------------------------------
+# show_step(n): the lines of train_ddp.py that make DDP step n
+
+
+def show_step(n, script="train_ddp.py", twin="single_gpu_baseline.py"):
+    """Print the lines of train_ddp.py that make DDP step n, with their line numbers; `...` marks the
+    lines left out. Which lines, each found from a `DDP step n` tag:
+    - a comment that opens with the tag: the comment, and the lines under it that the twin diff
+      changes, down to a blank line, the end of the block, or another step's tag;
+    - a function whose docstring opens with the tag: the whole function;
+    - the module docstring: the tagged paragraph, and the commands indented under it;
+    - any other tagged line: that line.
+    Above each group of lines shown: the line that opens their block, or that assigns a name they use."""
+    code = Path(script).read_text().splitlines()
+    shown = sorted(step_lines(n, code, Path(twin).read_text().splitlines()))
+    for k, i in enumerate(shown):
+        if k and i > shown[k - 1] + 1:
+            print("     ...")
+        print(f"{i + 1:4}  {code[i]}")
+
+
+def step_lines(n, code, twin):
+    """The indices of the lines show_step(n) prints, by the rules in its docstring."""
+    changed = set()
+    for op, _, _, start, end in difflib.SequenceMatcher(None, twin, code, autojunk=False).get_opcodes():
+        if op != "equal":
+            changed.update(range(start, end))
+    tag, other = re.compile(rf"DDP step {n}\b"), re.compile(rf"DDP step (?!{n}\b)\d+\b")
+    docstring_end = ast.parse("\n".join(code)).body[0].end_lineno  # the module's docstring
+    shown = set()
+    for i, line in enumerate(code):
+        if not tag.search(line):
+            continue
+        if i < docstring_end:
+            shown.update(paragraph(code, i))
+        elif line.strip().startswith('"""'):
+            shown.update(function(code, i - 1))
+        elif re.match(rf"\s*# DDP step {n}\b", line):
+            shown.update(block(code, i, changed, other))
+        else:
+            shown.add(i)
+    for first in [i for i in sorted(shown) if i - 1 not in shown]:  # the first line of each group
+        group = itertools.takewhile(lambda j: j in shown, range(first, len(code)))
+        used = set(re.findall(r"\w+", " ".join(code[j].split("#")[0] for j in group)))
+        above = code[first - 1]
+        if opens_block(above, code[first]) or assigned(above) & used:
+            shown.add(first - 1)
+    return shown
+
+
+def indent(line):
+    return len(line) - len(line.lstrip())
+
+
+def block(code, i, changed, other):
+    """The comment at line i, and the changed lines under it, down to a blank line, the end of the
+    block, or another step's tag."""
+    lines = [i]
+    for j in range(i + 1, len(code)):
+        if not code[j].strip() or indent(code[j]) < indent(code[i]) or other.search(code[j]):
+            break
+        if j in changed:
+            lines.append(j)
+    return lines
+
+
+def function(code, start):
+    """The function whose def is at line start, without the blank lines after it."""
+    end = start + 1
+    while end < len(code) and (not code[end].strip() or indent(code[end]) > indent(code[start])):
+        end += 1
+    while not code[end - 1].strip():
+        end -= 1
+    return range(start, end)
+
+
+def paragraph(code, i):
+    """Line i down to the first blank line followed by an unindented one: a paragraph of prose, and
+    the commands indented under it."""
+    end = i + 1
+    while end + 1 < len(code) and (code[end].strip() or code[end + 1].startswith(" ")):
+        end += 1
+    return range(i, end)
+
+
+def opens_block(above, line):
+    """Whether the code line above opens the block that line is in (a def, a for, an except...)."""
+    return above.strip() and not above.lstrip().startswith("#") and indent(above) < indent(line)
+
+
+def assigned(line):
+    """The names a line assigns (`a, b = ...`), if it is a whole assignment."""
+    try:
+        statement = ast.parse(line.strip()).body[0]
+    except (SyntaxError, IndexError):
+        return set()
+    if not isinstance(statement, ast.Assign):
+        return set()
+    return {
+        node.id for target in statement.targets for node in ast.walk(target) if isinstance(node, ast.Name)
+    }
+
+
+# -----------------------------------------------------------------------------
+# plots and measurements
+
+
+def largest_gap(a, b, key):
+    """The largest per-epoch difference of metrics[key] between two runs."""
+    return max(abs(x[key] - y[key]) for x, y in zip(metrics(a), metrics(b), strict=True))
+
+
+def plot_losses(baseline, runs, keys, title):
+    """Per-epoch loss (keys: "loss", "val_loss") of baseline, (label, out_dir), as a wide grey line, and of
+    runs, {label: out_dir}, each dashed on top of it."""
+    names = {"loss": "training loss", "val_loss": "held-out loss (step 10)"}
+    epochs = [r["epoch"] for r in metrics(baseline[1])]
+    fig, axes = plt.subplots(1, len(keys), figsize=(5.5 * len(keys), 4), sharey=True, squeeze=False)
+    for ax, key in zip(axes[0], keys, strict=True):
+        ax.plot(epochs, [r[key] for r in metrics(baseline[1])], color="0.6", lw=6, label=baseline[0])
+        for label, out_dir in runs.items():
+            ax.plot(epochs, [r[key] for r in metrics(out_dir)], "o--", label=label)
+        ax.set(xlabel="epoch", ylabel=f"{names[key]} (MSE)", yscale="log", xticks=epochs, title=names[key])
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def measure(regimes, counts, rounds):
+    """Throughput of train_ddp.py, {(regime, N): [samples/s, one per round]}: each case once a round, the
+    rounds interleaved; one process runs as plain `python`, without torchrun's start-up (not counted
+    anyway). Each number is the median of the epochs after the first, as the loop's own clock measured."""
+    speed = {}
+    for k in range(rounds):
+        for regime, flags in regimes.items():
+            for n in counts:
+                out = fresh(f"{regime}{n}-round{k}")
+                run("train_ddp.py", *flags, "--epochs=3", f"--out_dir={out}", nproc=n if n > 1 else None)
+                epochs = [r["samples_per_sec"] for r in metrics(out)[1:]]
+                speed.setdefault((regime, n), []).append(statistics.median(epochs))
+    return speed
+
+
+def plot_scaling(speed, regimes, counts, title):
+    """Plot 2: each regime's throughput against ideal scaling, then the efficiency of both; then a line
+    per case: the median (min to max) over the rounds, each round's efficiency against the same round's
+    fewest processes."""
+    one = counts[0]
+    efficiency = {
+        (regime, n): [s / (s1 * n / one) for s, s1 in zip(speed[regime, n], speed[regime, one], strict=True)]
+        for regime, n in speed
+    }
+    fig, axes = plt.subplots(1, len(regimes) + 1, figsize=(5 * (len(regimes) + 1), 4))
+    for i, (ax, regime) in enumerate(zip(axes[:-1], regimes, strict=True)):
+        mid, spread = bars([speed[regime, n] for n in counts])
+        ax.errorbar(
+            counts, mid, spread, fmt="o-", color=f"C{i}", capsize=4, label="measured: median, min to max"
+        )
+        ax.plot(counts, [mid[0] * n / one for n in counts], ":", color="0.4", label="ideal: N x one process")
+        ax.set(
+            xlabel="processes",
+            ylabel="samples / s",
+            xticks=counts,
+            ylim=(0, None),
+            title=f"{regime}: throughput",
+        )
+        ax.yaxis.set_major_formatter("{x:,.0f}")
+        ax.legend()
+    for regime in regimes:
+        mid, spread = bars([efficiency[regime, n] for n in counts])
+        axes[-1].errorbar(counts, mid, spread, fmt="o-", capsize=4, label=regime)
+    axes[-1].axhline(1, color="0.4", ls=":")
+    top = max(max(v) for v in efficiency.values())
+    axes[-1].set(
+        xlabel="processes", ylabel="efficiency (1 = ideal)", xticks=counts, ylim=(0, max(1.2, top + 0.1))
+    )
+    axes[-1].set_title("scaling efficiency")
+    axes[-1].legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    for (regime, n), values in speed.items():
+        e = efficiency[regime, n]
+        throughput = f"{regime:5}  N={n}:  {summary(values, ',.0f')} samples/s"
+        print(f"{throughput}   efficiency {summary(e, '.2f')}{above_one(e)}")
+    return fig
+
+
+def bars(values):
+    """Medians, and their distances to the min and the max, for matplotlib's errorbar."""
+    mid = [statistics.median(v) for v in values]
+    return mid, [
+        [m - min(v) for m, v in zip(mid, values, strict=True)],
+        [max(v) - m for m, v in zip(mid, values, strict=True)],
+    ]
+
+
+def summary(values, spec):
+    return f"{statistics.median(values):{spec}} ({min(values):{spec}} to {max(values):{spec}})"
+
+
+def above_one(e):
+    """An efficiency above 1 is not a result: say what it is."""
+    if statistics.median(e) <= 1:
+        return ""
+    return (
+        "  above 1: within noise" if min(e) <= 1 else "  above 1 in every round: a busy machine? run it again"
+    )
+
+
+# -----------------------------------------------------------------------------
+# figures/ddp.png
+
+
+def draw_ddp():
+    """What DDP does, with the shards that DistributedSampler really deals 3 ranks from 12 samples in
+    the first epoch."""
+    ranks, samples = 3, 12
+    shards = [
+        list(DistributedSampler(range(samples), num_replicas=ranks, rank=r, seed=0)) for r in range(ranks)
+    ]
+    owner = {i: r for r, shard in enumerate(shards) for i in shard}
+    color = plt.cm.tab10.colors
+    fig, ax = plt.subplots(figsize=(11, 5.6))
+    ax.set(xlim=(0, 12), ylim=(0.2, 10))
+    ax.axis("off")
+    ax.text(
+        6,
+        9.7,
+        "the dataset, the same on every rank; a sample's colour is the rank whose shard holds it",
+        ha="center",
+    )
+    for i in range(samples):
+        ax.add_patch(plt.Rectangle((i + 0.05, 8.4), 0.9, 0.9, color=color[owner[i]]))
+        ax.text(i + 0.5, 8.85, str(i), ha="center", va="center", color="white", weight="bold")
+    for r, shard in enumerate(shards):
+        x = 4 * r + 2  # the middle of rank r's column
+        ax.annotate("", (x, 7.2), (x, 8.3), arrowprops={"arrowstyle": "->", "color": color[r], "lw": 2})
+        box = FancyBboxPatch(
+            (x - 1.7, 4.6), 3.4, 2.5, boxstyle="round,pad=0.1", fc="white", ec=color[r], lw=2
+        )
+        ax.add_patch(box)
+        ax.text(x, 6.65, f"rank {r}: process {r}, device {r}", ha="center", weight="bold")
+        ax.text(x, 5.8, "a replica of the model,\nthe same weights on every rank", ha="center", va="center")
+        ax.text(x, 4.95, f"trains on its shard {shard}", ha="center")
+        ax.annotate("", (x, 3.3), (x, 4.5), arrowprops={"arrowstyle": "<->", "lw": 1.5})
+        ax.text(x + 0.1, 3.9, f"gradients $g_{r}$", va="center")
+    ax.add_patch(FancyBboxPatch((0.3, 2.1), 11.4, 1.1, boxstyle="round,pad=0.1", fc="0.93", ec="0.4"))
+    mean = " + ".join(f"g_{r}" for r in range(ranks))
+    ax.text(
+        6,
+        2.65,
+        "during backward(): all-reduce, bucket by bucket; every rank gets the mean, "
+        f"$({mean})\\,/\\,{ranks}$",
+        ha="center",
+        va="center",
+    )
+    ax.text(
+        6,
+        1.2,
+        "then optimizer.step() on every rank, with the same gradient: the replicas stay identical",
+        ha="center",
+    )
+    ax.set_title(f"DDP with {ranks} processes", weight="bold")
+    return fig
+
+
+if __name__ == "__main__":
+    path = Path(__file__).parent / "figures" / "ddp.png"
+    # no version stamp in the file: its bytes change only when the drawing does
+    draw_ddp().savefig(path, dpi=100, bbox_inches="tight", metadata={"Software": None})
+    print(f"wrote {path}")
