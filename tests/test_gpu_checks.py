@@ -7,6 +7,7 @@ written and the GPU tests collected. benchmarks/README.md has the same by hand."
 import subprocess
 import sys
 
+import pytest
 import torch
 from helpers import ROOT, cpu_env
 
@@ -81,6 +82,7 @@ def gpu_checks(tmp_path, hidden):
     return proc, tmp_path / "out"
 
 
+@pytest.mark.slow
 def test_without_a_gpu_it_stops_plainly_with_its_environment_written_and_the_gpu_tests_collected(tmp_path):
     proc, out = gpu_checks(tmp_path, hidden=NOTEBOOK_PACKAGES)
     assert proc.returncode == 1, proc.stdout + proc.stderr

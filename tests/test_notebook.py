@@ -96,6 +96,7 @@ def test_the_picture_is_shown_before_any_code_runs():
     assert (ROOT / "figures/ddp.png").stat().st_size > 10_000  # committed, so it shows without a run
 
 
+@pytest.mark.slow
 def test_the_notebook_runs_top_to_bottom_writes_only_its_out_folder_and_shows_what_it_says(tmp_path):
     given = files(copy_project(tmp_path))
     notebook = execute(read_notebook(), tmp_path)
@@ -178,6 +179,7 @@ def test_each_step_view_shows_its_own_lines_complete(tmp_path):
         assert not any(text in view for text in never), f"step {n}'s view shows one of {never}:\n{view}"
 
 
+@pytest.mark.slow
 def test_a_failed_run_fails_its_cell(tmp_path):
     notebook = nbformat.v4.new_notebook(
         cells=[plumbing_cell(), nbformat.v4.new_code_cell('run("train_ddp.py", "--batch_size=0", nproc=2)')],
