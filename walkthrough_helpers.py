@@ -88,6 +88,12 @@ def process_counts():
     return [1, 2, 4]
 
 
+def rounds():
+    """How many interleaved rounds the scaling measurement runs: WALKTHROUGH_ROUNDS if set (1: a quick
+    pass, as the tests make), else 3."""
+    return int(os.environ.get("WALKTHROUGH_ROUNDS", 3))
+
+
 def hardware():
     if torch.cuda.is_available():
         return f"{torch.cuda.get_device_name()}, nccl"
