@@ -109,7 +109,7 @@ def test_padding_makes_ddp_differ_when_n_does_not_divide_the_dataset(shared_run)
 # STRAIGHT: 4 epochs of 4 optimizer steps on each of 2 ranks, saved every epoch, into straight/
 RESUMING = f"--epochs 4 {SMALL} --resume auto"  # a restart continues from the latest checkpoint, if any
 # torch 2.13's torchrun reuses its rendezvous store across restarts, so a restarted
-# worker may read its dead peer's address and fail to connect: README, "Restarts"
+# worker may read its dead peer's address and fail to connect: docs/runs-and-restarts.md, "Restarts"
 RESTARTABLE = cpu_env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
 
 
@@ -284,8 +284,9 @@ BAD_INPUT = [
 
 # Under torchrun, one case of each place a refusal is made: the command line (test_faults,
 # test_under_torchrun_a_refusal_is_printed_once_and_nothing_waits, the same assertions and more),
-# and, once the processes have met, the checkpoint (unreadable, unsafe, not fitting) and the data's
-# size. The other cases take the same path there; torchrun costs each of them seconds.
+# and, once the processes have met, the checkpoint (unreadable, unsafe, not fitting) and the
+# accumulation that exceeds an epoch. The other cases take the same path there; torchrun costs
+# each of them seconds.
 TORCHRUN_CASES = (
     "--resume bad/empty.pt",
     "--resume bad/evil.pt",
