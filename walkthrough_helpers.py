@@ -37,6 +37,16 @@ for folder in (OUT, FIGURES):
 # running the scripts
 
 
+def shown(command, env=None):
+    """Run command, its output (stdout and stderr) shown as it comes; its exit status."""
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    ) as proc:
+        for line in proc.stdout:
+            print(line, end="", flush=True)
+    return proc.returncode
+
+
 def run(*args, nproc=None):
     """`python ARGS`, or `torchrun --standalone --nproc_per_node=NPROC ARGS`, its output shown as it
     comes. A command that fails fails the cell, as it would stop a shell script (a notebook's
@@ -44,27 +54,18 @@ def run(*args, nproc=None):
     launcher = [] if nproc is None else ["--standalone", f"--nproc_per_node={nproc}"]
     print("$", "torchrun" if launcher else "python", *launcher, *args, flush=True)
     torchrun = ["-m", "torch.distributed.run"] if launcher else []  # torchrun, with this kernel's Python
-    command = [sys.executable, *torchrun, *launcher, *args]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    with subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-    ) as proc:
-        for line in proc.stdout:
-            print(line, end="", flush=True)
-    if proc.returncode:
-        raise RuntimeError(f"exited with {proc.returncode}: {' '.join(args)}")
+    status = shown([sys.executable, *torchrun, *launcher, *args], env=dict(os.environ, OMP_NUM_THREADS="1"))
+    if status:
+        raise RuntimeError(f"exited with {status}: {' '.join(args)}")
 
 
 def check(script, *args, expect):
     """`python check_ddp.py SCRIPT ARGS`, its report shown as it comes. It exits 1 when a step
     fails, as a broken conversion should: the cell fails unless it exits as expected."""
     print("$ python check_ddp.py", script, *args, flush=True)
-    command = [sys.executable, "check_ddp.py", str(script), *map(str, args)]
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
-        for line in proc.stdout:
-            print(line, end="", flush=True)
-    if proc.returncode != expect:
-        raise RuntimeError(f"check_ddp.py exited with {proc.returncode}, not {expect}: {script}")
+    status = shown([sys.executable, "check_ddp.py", str(script), *map(str, args)])
+    if status != expect:
+        raise RuntimeError(f"check_ddp.py exited with {status}, not {expect}: {script}")
 
 
 def fresh(name):
