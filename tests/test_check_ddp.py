@@ -4,17 +4,25 @@ our own train_ddp.py, a hang, a crash, a missing file.
 
 Each case states what the checker must say, on a line near its top:
 
-    # check_ddp: exit 1, FAIL step 3, see 03
-    # check_ddp: exit 0, warn step 7
+    # check_ddp: exit 1, FAIL step 3 DDP305, see 03
+    # check_ddp: exit 0, warn step 7 DDP702
 
-(`see NN`: the FAIL or warn line names pitfalls/NN_*.py; `gpu: ...` after it: what a GPU machine
-says instead), and the line the report must name, if any, ends with `# check_ddp: here`.
+(tests/check_ddp_cases/README.md: the grammar), and the line the report must name, if any, ends with
+`# check_ddp: here`.
+
+Two ways of checking a case. Live (slow): check_ddp.py runs the case under torchrun, as a user
+would, and the report must say what the case states; its job's folder, judged again, must give the
+same report. Replayed (quick): each case's job, recorded once in tests/check_ddp_jobs/ (python
+tests/record_check_ddp_jobs.py), is judged again, in milliseconds, so that every rule is checked on
+every change; the report must be the one recorded, and say what the case states.
 """
 
+import importlib.util
 import re
 import shutil
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,27 +30,80 @@ from helpers import ROOT, copy_scripts, cpu_env, run, selected
 
 CHECK = ROOT / "check_ddp.py"
 CASES = sorted((ROOT / "tests" / "check_ddp_cases").glob("*.py"))
+JOBS = ROOT / "tests" / "check_ddp_jobs"
 STEP_LINE = re.compile(r"^step (\d+) +(ok|warn|FAIL|--) +(.*)$")
 
+# The codes no case reaches yet, on a machine without GPUs: this list only shrinks (a case for
+# each, and its code leaves the list; a new rule comes with its case).
+UNREACHED = {
+    "DDP102": "RANK, LOCAL_RANK or WORLD_SIZE written by the script",
+    "DDP104": "no process group at all, and training all the same",
+    "DDP105": "an init_method elsewhere than torchrun's",
+    "DDP106": "rank= or world_size= passed that are not torchrun's",
+    "DDP107": "ranks that never meet, with no MASTER_PORT of the script's",
+    "DDP201": "a GPU past the node's: needs GPUs",
+    "DDP202": "a model on another GPU: needs GPUs",
+    "DDP301": "the same batches on every rank, without a DataLoader",
+    "DDP306": "different datasets without a DistributedSampler",
+    "DDP405": "replicas that differ at the end, though wrapped",
+    "DDP503": "ranks that leave the loop apart, seen by their step counts",
+    "DDP604": "the DDP wrapper pickled",
+    "DDP605": "a file other than a checkpoint written by every rank",
+    "DDP606": "a compiled model's _orig_mod. keys",
+    "DDP701": "a process that does not end",
+    "DDP804": "a script that stops before training, with no error of its own",
+}
 
-def check(script, *args, cwd, expect, silence=8, env=None):
-    """python check_ddp.py ... as a user would run it; its report, step by step."""
-    command = [sys.executable, str(CHECK), "--silence", str(silence), script, *args]
-    proc = run(command, cwd=cwd, env=env, expect=expect, timeout=150)
+
+def load_tool(path=CHECK):
+    """check_ddp.py as a module, to judge recorded jobs in this process."""
+    spec = importlib.util.spec_from_file_location("check_ddp_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def parse(stdout):
+    """A report, step by step: {step: (verdict, text, code)}; the code is the finding's, from its
+    see: line (None for ok and --)."""
     steps, current = {}, None
-    for line in proc.stdout.splitlines():
+    for line in stdout.splitlines():
         found = STEP_LINE.match(line)
         if found:
             current = int(found.group(1))
-            steps[current] = [found.group(2), found.group(3)]
+            steps[current] = [found.group(2), found.group(3), None]
         elif current is not None and line.startswith(" "):
             steps[current][1] += "\n" + line.strip()
-    assert proc.stdout.splitlines()[-1].startswith("check_ddp: "), proc.stdout
-    return proc, {step: (verdict, text) for step, (verdict, text) in steps.items()}
+            code = re.search(r"--explain (DDP\d+)$", line)
+            if code:
+                steps[current][2] = code.group(1)
+    assert stdout.splitlines()[-1].startswith("check_ddp: "), stdout
+    return {step: tuple(value) for step, value in steps.items()}
+
+
+def normalised(report):
+    """A report as it reads anywhere: the pitfalls beside check_ddp.py as the project names them,
+    and no folder of the job (the rest is the job's, from its folder)."""
+    report = re.sub(r"\S*(pitfalls/\d\d_\w+\.py)", r"\1", report)
+    return re.sub(r"The job's own output: .*$", "The job's own output: FOLDER/output.log", report.strip())
+
+
+def check(script, *args, cwd, expect, silence=8, env=None):
+    """python check_ddp.py ... as a user would run it, every record held to the schema: the process
+    and its report, step by step."""
+    command = [sys.executable, str(CHECK), "--silence", str(silence), script, *args]
+    env = {**(env or cpu_env()), "CHECK_DDP_STRICT": "1"}
+    proc = run(command, cwd=cwd, env=env, expect=expect, timeout=150)
+    return proc, parse(proc.stdout)
+
+
+def job_folder(stdout):
+    return Path(re.search(r"The job's own output: (.*)/output.log$", stdout.strip()).group(1))
 
 
 def expectation(path):
-    """(exit status, {step: verdict}, the pitfall numbers named, the line marked `here`)."""
+    """(exit status, {step: (verdict, code or None)}, the pitfall numbers named, the lines marked
+    `here`)."""
     text = path.read_text()
     line = re.search(r"^# check_ddp: (.*)$", text, re.M)
     assert line, f"{path.name} states no expectation"
@@ -51,12 +112,112 @@ def expectation(path):
     status = int(re.search(r"exit (\d)", cpu).group(1))
     if gpu and torch.cuda.is_available():
         status = 1 if "FAIL" in gpu else 0
-    verdicts = {int(step): verdict for verdict, step in re.findall(r"(FAIL|warn|ok) step (\d+)", spec)}
+    verdicts = {
+        int(step): (verdict, code or None)
+        for verdict, step, code in re.findall(r"(FAIL|warn|ok) step (\d+)(?: (DDP\d+))?", spec)
+    }
     see = re.findall(r"see (\d\d)", spec)
     marked = [
         n for n, source in enumerate(text.splitlines(), 1) if source.rstrip().endswith("# check_ddp: here")
     ]
     return status, verdicts, see, marked
+
+
+def assert_says_what_the_case_states(case, status, steps, stdout):
+    expected, verdicts, see, marked = expectation(case)
+    assert status == expected, f"exit {status}, expected {expected}\n{stdout}"
+    assert set(range(1, 9)) <= steps.keys(), stdout  # every step of the guide has its line
+    for step, (verdict, code) in verdicts.items():
+        assert steps[step][0] == verdict, f"step {step}: expected {verdict}\n{stdout}"
+        if code:
+            assert steps[step][2] == code, f"step {step}: expected {code}\n{stdout}"
+    unexpected = [s for s, (v, _, _) in steps.items() if v == "FAIL" and verdicts.get(s, ("",))[0] != "FAIL"]
+    assert not unexpected, f"false alarms on steps {unexpected}\n{stdout}"
+    for s, (v, _, code) in steps.items():
+        assert (code is not None) == (v in ("FAIL", "warn")), f"step {s}: a finding names its code\n{stdout}"
+    flagged = "\n".join(text for verdict, text, _ in steps.values() if verdict in ("FAIL", "warn"))
+    for number in see:
+        assert f"pitfalls/{number}_" in flagged, f"pitfall {number} not named\n{stdout}"
+    for line in marked if any(v in ("FAIL", "warn") for v, _ in verdicts.values()) else ():
+        assert f"{case.name}:{line}" in flagged, f"{case.name}:{line} not named\n{stdout}"
+
+
+# -----------------------------------------------------------------------------
+# replayed: each case's recorded job, judged again (quick)
+
+
+@pytest.fixture(scope="module")
+def tool():
+    return load_tool()
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.stem for case in CASES])
+def test_a_recorded_job_judged_again_says_what_its_case_states(tool, case, monkeypatch):
+    folder = JOBS / case.stem
+    assert (folder / "job.json").is_file(), (
+        f"no recorded job: python tests/record_check_ddp_jobs.py {case.stem}"
+    )
+    monkeypatch.setenv("CHECK_DDP_STRICT", "1")  # every record fits the schema
+    job = tool.Job.load(folder)
+    lines = tool.judge(job)
+    text = tool.report(job, lines)
+    status = 1 if any(line.verdict == "FAIL" for line in lines) else 0
+    assert normalised(text) == (folder / "report.txt").read_text().strip(), (
+        "the report differs from the one recorded: if the change is meant, record it again "
+        f"(python tests/record_check_ddp_jobs.py {case.stem})\n{text}"
+    )
+    assert_says_what_the_case_states(case, status, parse(text), text)
+
+
+def test_every_rule_has_a_code_an_explanation_and_a_case(tool):
+    codes = list(tool.RULES)
+    assert len(codes) == len(set(codes))
+    for code, rule in tool.RULES.items():
+        assert re.fullmatch(r"DDP(\d{1,2})\d\d", code) and rule.step == int(code[3:-2]), code
+        assert rule.verdict in ("FAIL", "warn") and rule.help, code
+        summary, _, body = rule.doc.partition("\n\n")
+        assert summary and "\n" not in summary and len(body.split()) >= 15, (
+            f"{code}: a summary line, then why"
+        )
+        assert rule.see is None or rule.see in tool.PITFALLS, code
+    assert set(tool.SUMMARIES) == set(tool.STEPS)
+    reached = {code for case in CASES for _, code in expectation(case)[1].values() if code}
+    assert reached <= set(codes), f"cases name codes that do not exist: {reached - set(codes)}"
+    assert set(codes) - reached == set(UNREACHED), (
+        "UNREACHED must list exactly the codes no case reaches: "
+        f"reached now {sorted(set(UNREACHED) & reached)}, "
+        f"new and unreached {sorted(set(codes) - reached - set(UNREACHED))}"
+    )
+
+
+def test_explain_lists_every_code_and_explains_each(tool):
+    listing = run([sys.executable, str(CHECK), "--explain"], cwd=ROOT).stdout
+    assert [line.split()[0] for line in listing.splitlines()[1:]] == list(tool.RULES)
+    page = run([sys.executable, str(CHECK), "--explain", "ddp305"], cwd=ROOT).stdout
+    assert page.startswith("DDP305 (FAIL, step 3, shard the data)") and "set_epoch" in page
+    assert "see:  pitfalls/03_missing_set_epoch.py" in page
+    proc = run([sys.executable, str(CHECK), "--explain", "DDP999"], cwd=ROOT, expect=2)
+    assert "DDP999: no such code" in proc.stderr
+
+
+def test_check_ddp_copied_alone_still_says_where_to_read_more(tmp_path):
+    """A learner copies check_ddp.py into a project of theirs: every see: still leads somewhere."""
+    shutil.copy(CHECK, tmp_path / "check_ddp.py")
+    job = JOBS / "mnist_no_set_epoch"
+    proc = run([sys.executable, "check_ddp.py", "--judge", str(job)], cwd=tmp_path, expect=1)
+    sees = [line.strip() for line in proc.stdout.splitlines() if line.strip().startswith("see:")]
+    assert sees == ["see:  python check_ddp.py --explain DDP305"], proc.stdout
+    page = run([sys.executable, "check_ddp.py", "--explain", "DDP305"], cwd=tmp_path).stdout
+    assert "pitfalls/03_missing_set_epoch.py, in the project check_ddp.py comes from" in page
+
+
+def test_judge_refuses_a_folder_that_is_not_a_job(tmp_path):
+    proc = run([sys.executable, str(CHECK), "--judge", str(tmp_path)], cwd=tmp_path, expect=2)
+    assert "not the folder of a job" in proc.stderr
+
+
+# -----------------------------------------------------------------------------
+# live: check_ddp.py runs each case under torchrun (the slow tier, but for one case)
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +236,7 @@ def reports(request, tmp_path_factory):
         yield futures
 
 
-# the quick tier (not slow) checks one case: the README's mistake, in another style than ours
+# the quick tier (not slow) checks one case live: the README's mistake, in another style than ours
 QUICK = "mnist_no_set_epoch"
 
 
@@ -85,25 +246,18 @@ QUICK = "mnist_no_set_epoch"
     ids=[case.stem for case in CASES],
 )
 def test_check_ddp_on_a_script_in_another_style(reports, case):
-    status, verdicts, see, marked = expectation(case)
     proc, steps = reports[case.stem].result()
-    assert proc.returncode == status, f"exit {proc.returncode}, expected {status}\n{proc.stdout}"
-    assert set(range(1, 9)) <= steps.keys(), proc.stdout  # every step of the guide has its line
-    for step, verdict in verdicts.items():
-        assert steps[step][0] == verdict, f"step {step}: expected {verdict}\n{proc.stdout}"
-    unexpected = [s for s, (v, _) in steps.items() if v == "FAIL" and verdicts.get(s) != "FAIL"]
-    assert not unexpected, f"false alarms on steps {unexpected}\n{proc.stdout}"
-    flagged = "\n".join(text for verdict, text in steps.values() if verdict in ("FAIL", "warn"))
-    for number in see:
-        assert f"see:  pitfalls/{number}_" in flagged, f"pitfall {number} not named\n{proc.stdout}"
-    for line in marked if "FAIL" in verdicts.values() or "warn" in verdicts.values() else ():
-        assert f"{case.name}:{line}" in flagged, f"{case.name}:{line} not named\n{proc.stdout}"
+    assert_says_what_the_case_states(case, proc.returncode, steps, proc.stdout)
+    # what the job left is enough to judge it again: the same report, from its folder alone
+    again = run([sys.executable, str(CHECK), "--judge", str(job_folder(proc.stdout))], cwd=ROOT, expect=None)
+    assert again.returncode == proc.returncode
+    assert normalised(again.stdout) == normalised(proc.stdout)
 
 
 def test_check_ddp_passes_our_train_ddp(tmp_path):
     work = copy_scripts(tmp_path)
     proc, steps = check("train_ddp.py", "--epochs", "2", "--grad_accum_steps", "2", cwd=work, expect=0)
-    assert {step: verdict for step, (verdict, _) in steps.items() if verdict != "ok"} == {2: "--"}, (
+    assert {step: verdict for step, (verdict, _, _) in steps.items() if verdict != "ok"} == {2: "--"}, (
         proc.stdout
     )
     assert steps[9][0] == "ok"  # the script accumulates, with no_sync
@@ -113,3 +267,13 @@ def test_check_ddp_passes_our_train_ddp(tmp_path):
 def test_a_missing_script_is_a_usage_error(tmp_path):
     proc = run([sys.executable, str(CHECK), "no_such_script.py"], cwd=tmp_path, env=cpu_env(), expect=2)
     assert "no_such_script.py: no such file" in proc.stderr
+
+
+def test_the_recorded_jobs_are_the_cases_and_small():
+    recorded = sorted(p.name for p in JOBS.iterdir() if p.is_dir())
+    assert recorded == [case.stem for case in CASES], (
+        "record the jobs again: python tests/record_check_ddp_jobs.py"
+    )
+    size = sum(p.stat().st_size for p in JOBS.rglob("*") if p.is_file())
+    assert size < 6 * 2**20, f"{size} bytes of recorded jobs: keep them small"
+    assert not list(JOBS.rglob("site")), "the recorded jobs keep only what the judge reads"

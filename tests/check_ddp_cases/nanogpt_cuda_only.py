@@ -1,4 +1,4 @@
-# check_ddp: exit 1, FAIL step 8, gpu: exit 0
+# check_ddp: exit 1, FAIL step 8 DDP802, gpu: exit 0
 """
 A tiny character-level GPT on a synthetic token stream, written like nanoGPT's train.py: one flat
 file, config globals, one code path for 1 or N processes, batches drawn without a DataLoader.

@@ -1,4 +1,4 @@
-# check_ddp: exit 0, warn step 10
+# check_ddp: exit 0, warn step 10 DDP1002
 """
 A tiny character-level GPT on a synthetic token stream, written like nanoGPT's train.py: one flat
 file, config globals, one code path for 1 or N processes, batches drawn without a DataLoader.
