@@ -77,7 +77,7 @@ def train(args):
     # at batch B visit the same global batches as the baseline at batch N x B.
     sampler = DistributedSampler(dataset, seed=args.seed)
     # batches come whole, as dataset[list of indices]: one indexing op each, instead of
-    # batch_size __getitem__ calls and a collate (4x faster for data already in memory)
+    # batch_size __getitem__ calls and a collate (how much faster: benchmarks/batch_fetch.py)
     batches = BatchSampler(sampler, args.batch_size, drop_last=False)
     loader = DataLoader(
         dataset,
