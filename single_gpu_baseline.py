@@ -44,7 +44,7 @@ def train(args):
     sampler_gen = torch.Generator()
     sampler = RandomSampler(dataset, generator=sampler_gen)
     # batches come whole, as dataset[list of indices]: one indexing op each, instead of
-    # batch_size __getitem__ calls and a collate (4x faster for data already in memory)
+    # batch_size __getitem__ calls and a collate (how much faster: benchmarks/batch_fetch.py)
     batches = BatchSampler(sampler, args.batch_size, drop_last=False)
     loader = DataLoader(
         dataset,

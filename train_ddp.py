@@ -21,7 +21,7 @@ import json
 import math
 import os
 import sys
-import tempfile
+import tempfile  # DDP step 1: plain python's group of one meets at a file
 import time
 from pathlib import Path
 
@@ -77,7 +77,7 @@ def train(args):
     # at batch B visit the same global batches as the baseline at batch N x B.
     sampler = DistributedSampler(dataset, seed=args.seed)
     # batches come whole, as dataset[list of indices]: one indexing op each, instead of
-    # batch_size __getitem__ calls and a collate (4x faster for data already in memory)
+    # batch_size __getitem__ calls and a collate (how much faster: benchmarks/batch_fetch.py)
     batches = BatchSampler(sampler, args.batch_size, drop_last=False)
     loader = DataLoader(
         dataset,
@@ -101,9 +101,9 @@ def train(args):
 
     # DDP step 4: wrap the model
     # DDP copies rank 0's weights to every rank now; then, during each backward(), it
-    # all-reduces the gradients to their mean across ranks, bucket by bucket, while
-    # the rest of the backward pass runs. device_ids names this process's one GPU; on
-    # a CPU there is none.
+    # all-reduces the gradients to their mean across ranks, in buckets (groups of gradients,
+    # each sent as soon as all of its gradients are computed) while the backward pass goes on.
+    # device_ids names this process's one GPU; on a CPU there is none.
     model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
 
     metrics = open_metrics(args, start_epoch) if dist.get_rank() == 0 else None  # DDP step 6: rank 0 writes

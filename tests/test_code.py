@@ -25,6 +25,19 @@ def test_every_hunk_of_the_twin_diff_names_its_ddp_step():
         assert STEP.search(changed), f"a hunk of the twin diff names no DDP step:\n{hunk}"
 
 
+def test_every_import_the_twin_diff_adds_names_its_step():
+    # an import is where a reader asks "what is this for?", and its hunk may name another step
+    added = [
+        line
+        for hunk in twin_diff_hunks()
+        for line in hunk.splitlines()
+        if re.match(r"\+(import|from) ", line)
+    ]
+    assert added, "the conversion adds no import"
+    untagged = [line[1:] for line in added if not STEP.search(line)]
+    assert not untagged, f"imports the twin diff adds without naming their DDP step: {untagged}"
+
+
 def test_the_twin_diff_covers_every_step():
     named = {int(n) for hunk in twin_diff_hunks() for n in STEP.findall(hunk)}
     steps = set(range(1, 11))  # the guide's eight, and our two beyond it

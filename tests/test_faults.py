@@ -163,6 +163,15 @@ def test_a_diverged_run_stops_with_one_line_and_saves_no_nan(work, launcher):
     assert not list((work / "big_lr").glob("*.pt*")), "a checkpoint of a diverged run was written"
 
 
+@pytest.mark.slow
+def test_a_run_that_diverges_later_keeps_its_earlier_epochs(work):
+    # --lr 1: epoch 1 ends with a loss far too large, but a number; epoch 2 with nan
+    proc = run(f"python train_ddp.py --lr 1 --epochs 4 {SMALL} --out_dir later", cwd=work, expect=None)
+    assert_one_clear_line(proc, "epoch 2: the loss is nan")
+    assert [r["epoch"] for r in strict_records(work / "later")] == [1]
+    assert sorted(p.name for p in (work / "later").glob("*.pt*")) == ["model_epoch_1.pt"]
+
+
 # Saving ------------------------------------------------------------------------------------
 
 

@@ -2,6 +2,7 @@
 tool, every relative link leads to a file, and every test that tests/README.md names exists."""
 
 import ast
+import json
 import re
 import subprocess
 from urllib.parse import unquote
@@ -72,3 +73,114 @@ def test_check_ddp_names_the_steps_as_the_readme_does_and_its_pitfalls_exist():
     assert assigned(ROOT / "check_ddp.py", "STEPS") == steps
     pitfalls = assigned(ROOT / "check_ddp.py", "PITFALLS").values()
     assert [path for path in pitfalls if not (ROOT / path).is_file()] == []
+
+
+# The code the pages show ----------------------------------------------------------------------------------
+
+
+def code_of(text):
+    """The code in a markdown text: its code spans and fenced blocks, a diff's +/- markers removed."""
+    fenced = re.findall(r"^```(\w*)\n(.*?)^```$", text, flags=re.S | re.M)
+    blocks = [re.sub(r"^[-+ ]", "", body, flags=re.M) if kind == "diff" else body for kind, body in fenced]
+    spans = re.findall(r"`([^`\n]+)`", re.sub(r"^```.*?^```$", "", text, flags=re.S | re.M))
+    return blocks + spans
+
+
+def pages_code():
+    """The code of every page a learner reads: the README, docs/, and the notebook's prose."""
+    texts = [page.read_text() for page in PAGES]
+    notebook = json.loads((ROOT / "walkthrough.ipynb").read_text())
+    texts += ["".join(cell["source"]) for cell in notebook["cells"] if cell["cell_type"] == "markdown"]
+    return [code for text in texts for code in code_of(text)]
+
+
+def calls(path):
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call):
+            yield getattr(node.func, "attr", getattr(node.func, "id", None)), node
+
+
+def conversion_keywords():
+    """The calls train_ddp.py makes and the baseline does not, with each keyword argument train_ddp.py
+    gives them, as it spells it (a conditional's first branch too: `[device.index] if ... else None`)."""
+    baseline = {name for name, _ in calls(ROOT / "single_gpu_baseline.py")}
+    keywords = {}
+    for name, node in calls(ROOT / "train_ddp.py"):
+        if name not in baseline:
+            for keyword in node.keywords:
+                spellings = keywords.setdefault(name, {}).setdefault(keyword.arg, set())
+                spellings.add(ast.unparse(keyword.value))
+                if isinstance(keyword.value, ast.IfExp):
+                    spellings.add(ast.unparse(keyword.value.body))
+    return keywords
+
+
+def shown_calls(code, names):
+    """Each call of one of names in a piece of code, parsed, where it parses (its parentheses matched)."""
+    for match in re.finditer(rf"\b({'|'.join(names)})\(", code):
+        depth = 0
+        for end in range(match.end() - 1, len(code)):
+            depth += {"(": 1, ")": -1}.get(code[end], 0)
+            if depth == 0:
+                try:
+                    yield ast.parse(code[match.start() : end + 1], mode="eval").body
+                except SyntaxError:
+                    pass
+                break
+
+
+def test_the_pages_pass_the_conversions_calls_what_train_ddp_passes_them():
+    keywords = conversion_keywords()
+    wrong, shown = [], 0
+    for code in pages_code():
+        for call in shown_calls(code, keywords):
+            name = getattr(call.func, "attr", getattr(call.func, "id", None))
+            for keyword in call.keywords:
+                spelling = ast.unparse(keyword.value)
+                shown += 1
+                if spelling != "..." and spelling not in keywords[name].get(keyword.arg, ()):
+                    wrong.append(
+                        f"{ast.unparse(call)}: train_ddp.py passes {keyword.arg}= as "
+                        f"{sorted(keywords[name].get(keyword.arg, ())) or 'nothing'}"
+                    )
+    assert shown >= 3, "the pages show none of the conversion's calls with their arguments"  # DDP's, at least
+    assert not wrong, wrong
+
+
+def test_the_steps_tables_code_is_in_train_ddp():
+    code = (ROOT / "train_ddp.py").read_text()
+    rows = re.findall(r"^\| \d+ \| [^|]+ \| (.+) \|$", README, flags=re.M)
+    spans = [span for row in rows for span in re.findall(r"`([^`]+)`", row)]
+    assert len(spans) >= 10, spans
+    missing = [span for span in spans if not re.search(".*?".join(map(re.escape, span.split("..."))), code)]
+    assert not missing, f"the README's table of steps shows code train_ddp.py does not have: {missing}"
+
+
+# The words it uses ------------------------------------------------------------------------------------
+
+
+def test_every_term_the_readme_defines_is_defined_before_its_first_use():
+    # its terms: the bold words of its glossary's items (- **term**: ...), and a word in italics in
+    # its prose, defined where it stands (its own *shard*)
+    items = re.findall(r"^- \*\*[^*]+\*\*:.*?(?=\n(?!  )|\Z)", README, flags=re.M | re.S)
+    assert len(items) >= 10, items
+    defined = {term: f"**{term}**" for item in items for term in re.findall(r"\*\*([^*]+)\*\*", item)}
+    defined |= {term: f"*{term}*" for term in re.findall(r"(?<![*\w])\*([a-z][a-z -]*)\*(?![*\w])", README)}
+    text = re.sub(r"!\[[^\]]*\]", "", README)  # a picture's alt text describes the picture
+    early = []
+    for term, definition in defined.items():
+        first = re.search(rf"(?<![\w-]){re.escape(term)}(e?s)?(?![\w-])", text, flags=re.I)
+        if first.start() < text.index(definition):
+            line = text[: first.start()].count("\n") + 1
+            early.append(f"{term!r}, used on line {line}, before it is defined")
+    assert not early, early
+
+
+def test_the_check_cost_the_readme_gives_is_the_kept_benchmark_output():
+    shown = re.search(r"costs about one run \((\d+\.\d) s against (\d+\.\d) s", README)
+    assert shown, "the README no longer gives what a check costs: drop this test, or the benchmark's output"
+    kept = re.search(
+        r"<!-- check-cost -->\n```text\n(.*?)```", (ROOT / "benchmarks/README.md").read_text(), re.S
+    )
+    medians = dict(re.findall(r"^(run|check) +median (\d+\.\d) s", kept.group(1), flags=re.M))
+    assert shown.groups() == (medians["check"], medians["run"]), (shown.groups(), medians)
