@@ -105,9 +105,8 @@ def train(args):
     # the rest of the backward pass runs: a bucket is all-reduced once all its gradients
     # are ready (--bucket_cap_mb MiB of them; torch's default if not given). device_ids
     # names this process's one GPU; on a CPU there is none.
-    model = DDP(
-        model, device_ids=[device.index] if device.type == "cuda" else None, bucket_cap_mb=args.bucket_cap_mb
-    )
+    device_ids = [device.index] if device.type == "cuda" else None
+    model = DDP(model, device_ids=device_ids, bucket_cap_mb=args.bucket_cap_mb)
 
     metrics = open_metrics(args, start_epoch) if dist.get_rank() == 0 else None  # DDP step 6: rank 0 writes
     start = time.perf_counter()
@@ -297,9 +296,8 @@ def parse_args():
         default=64,
         help="model width: wider means more compute for each byte of gradients exchanged",
     )
-    parser.add_argument(  # DDP step 4: how much DDP all-reduces at once
-        "--bucket_cap_mb", type=positive_float, help="MiB of gradients a bucket; None: torch's 25 (first 1)"
-    )
+    # DDP step 4: a bucket's size, a flag to try; torch's default: 25 MiB, and 1 for the first bucket
+    parser.add_argument("--bucket_cap_mb", type=positive_float, help="MiB a gradient bucket; None: torch's")
     parser.add_argument(
         "--num_workers",
         type=int,

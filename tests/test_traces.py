@@ -2,9 +2,11 @@
 while backward still computes, the notebook's drawing code reads it, and it changes nothing else."""
 
 import json
+import re
 import sys
 
 import pytest
+import torch
 from helpers import ROOT, load_checkpoint, read_metrics
 from test_twins import default_run
 
@@ -19,6 +21,7 @@ SMALL_BUCKETS = f"{TORCHRUN_2} train_ddp.py {TRACED} --profile --bucket_cap_mb 0
 ACCUMULATING = f"{SMALL_BUCKETS} --grad_accum_steps 2"
 BASELINE = f"python single_gpu_baseline.py {TRACED} --profile --out_dir traced"
 UNPROFILED = f"{TORCHRUN_2} train_ddp.py {TRACED} --out_dir plain"  # torch's buckets, no --profile
+TRAIN_DDP = ROOT / "train_ddp.py"
 
 
 @pytest.fixture(scope="module")
@@ -118,3 +121,10 @@ def test_profiling_and_the_bucket_size_change_nothing_in_the_training(shared_run
         assert [r[key] for r in read_metrics(traced.out)] == [r[key] for r in read_metrics(plain.out)]
     a, b = (load_checkpoint(run.out / "model_epoch_2.pt")["model_state_dict"] for run in (traced, plain))
     assert all(a[name].equal(b[name]) for name in a), "the weights differ"
+
+
+def test_the_default_bucket_size_train_ddp_states_is_torchs():
+    stated = re.search(r"torch's default: (\d+) MiB, and (\d+) for the first bucket", TRAIN_DDP.read_text())
+    assert stated, "train_ddp.py no longer states torch's default bucket size"
+    assert int(stated[1]) == torch.nn.parallel.distributed._DEFAULT_BUCKET_CAP_MB
+    assert int(stated[2]) * 2**20 == torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
