@@ -338,7 +338,7 @@ def read_trace(path):
     processes of one machine share.
     - rank: the process's rank (0 for the baseline);
     - steps: the (start, end) of each recorded step on the main thread, the one that runs the loop;
-      numbers: each one's number in its epoch, from 1; updates: whether it ended in an optimizer step;
+      and numbers: each one's number in its epoch, from 1;
     - phases: (phase, start, end) on the main thread, step by step: forward (the batch's copy to the
       device, the model, the loss), backward (autograd computing the gradients; DDP's hooks hand each
       bucket to the backend as it fills), then, with DDP, WAIT: what is left of backward() once the
@@ -363,7 +363,7 @@ def read_trace(path):
     def span(chosen):
         return min(e["ts"] for e in chosen) / 1e3, max(e["ts"] + e["dur"] for e in chosen) / 1e3
 
-    phases, rows, updates = [], {}, []
+    phases, rows = [], {}
     for step in steps:
         start, end = step["ts"], step["ts"] + step["dur"]
         inside = [e for e in events if e is not step and start <= e["ts"] < end]
@@ -379,8 +379,7 @@ def read_trace(path):
         copies = named("torch.distributed.ddp.reducer::copy_bucket_to_grad")
         if copies:
             phases.append((WAIT, span(backward)[1], span(copies)[1]))
-        updates.append(bool(named("Optimizer.step")))
-        if updates[-1]:  # not after a micro-batch that only accumulates (step 9)
+        if named("Optimizer.step"):  # not after a micro-batch that only accumulates (step 9)
             phases.append(("optimizer step", *span(named("Optimizer.step", "Optimizer.zero_grad"))))
         buckets = itertools.count()
         for e in sorted(inside, key=lambda e: e["ts"]):
@@ -405,7 +404,6 @@ def read_trace(path):
         "rank": trace.get("distributedInfo", {}).get("rank", 0),
         "steps": [(s["ts"] / 1e3, (s["ts"] + s["dur"]) / 1e3) for s in steps],
         "numbers": [int(s["name"].partition("#")[2]) + 1 for s in steps],  # ProfilerStep#0: the first
-        "updates": updates,
         "phases": phases,
         "rows": rows,
     }
@@ -458,19 +456,19 @@ def communication(trace):
 
 
 def print_communication(runs):
-    """A line per rank of each run, {title: its traces}: its all-reduces, and the share of their time
-    hidden under backward (on a GPU, under the compute kernels)."""
+    """For each run, {title: its traces}, a line per rank: its recorded steps' backward passes,
+    optimizer steps and all-reduces, and the share of the all-reduces' time hidden under backward
+    (on a GPU, under the compute kernels)."""
     for title, traces in runs.items():
+        print(title)
         for trace in traces:
             c = communication(trace)
             line = (
-                f"{title}, rank {trace['rank']}: {c['backward passes']} backward passes, "
+                f"  rank {trace['rank']}: {c['backward passes']} backward passes, "
                 f"{c['optimizer steps']} optimizer steps, {c['all-reduces']} all-reduces"
             )
             if c["hidden"] is not None:
-                line += (
-                    f" ({c['all-reduce ms']:.1f} ms), {c['hidden']:.0%} of their time hidden under backward"
-                )
+                line += f" in {c['all-reduce ms']:.1f} ms, {c['hidden']:.0%} of it hidden under backward"
             print(line)
 
 
@@ -512,12 +510,10 @@ def draw_timelines(runs, title, steps=2):
                         ax.text(
                             (s + e) / 2 - t0, y, text, ha="center", va="center", color="white", fontsize=8
                         )
-        first = traces[0]
-        for (s, _), number, updates in zip(first["steps"], first["numbers"], first["updates"], strict=True):
-            if s < first["steps"][steps - 1][1]:
-                ax.axvline(s - t0, color="0.3", lw=0.8, ls=":")
-                note = "" if updates else ": no optimizer step"
-                ax.text(s - t0, 0.55, f" step {number}{note}", va="bottom", fontsize=8, color="0.3")
+        for (s, e), number in list(zip(traces[0]["steps"], traces[0]["numbers"], strict=True))[:steps]:
+            ax.axvline(s - t0, color="0.3", lw=0.8, ls=":")  # where rank 0's steps begin
+            name = f"step {number}" if e - s > widest / 25 else str(number)
+            ax.text(s - t0, 0.55, f" {name}", va="bottom", fontsize=8, color="0.3")
         ax.set_yticks(range(0, -len(labels), -1), labels)
         ax.set(xlim=(0, widest * 1.01), ylim=(-len(labels) + 0.4, 1.3))
         ax.set_title(panel, loc="left", fontsize=10)
