@@ -11,6 +11,7 @@ import ast
 import difflib
 import itertools
 import json
+import math
 import os
 import platform
 import re
@@ -379,6 +380,11 @@ def read_trace(path):
         copies = named("torch.distributed.ddp.reducer::copy_bucket_to_grad")
         if copies:
             phases.append((WAIT, span(backward)[1], span(copies)[1]))
+        # DDP copies the last bucket's mean back only once every all-reduce of the step is done. gloo
+        # records an all-reduce's end after it has woken the waiting thread (ProcessGroupGloo's
+        # finishWorkGloo: the future first, then the profiler's record), so on a busy CPU its end can
+        # come later than that: it is cut there
+        done = max(e["ts"] for e in copies) / 1e3 if copies else math.inf
         if named("Optimizer.step"):  # not after a micro-batch that only accumulates (step 9)
             phases.append(("optimizer step", *span(named("Optimizer.step", "Optimizer.zero_grad"))))
         buckets = itertools.count()
@@ -392,9 +398,9 @@ def read_trace(path):
                 what, label = "GPU compute", ""
             else:
                 continue
-            rows.setdefault((gpu, e["tid"]), []).append(
-                (what, e["ts"] / 1e3, (e["ts"] + e["dur"]) / 1e3, label)
-            )
+            began, ended = e["ts"] / 1e3, (e["ts"] + e["dur"]) / 1e3
+            ended = ended if gpu else max(began, min(ended, done))
+            rows.setdefault((gpu, e["tid"]), []).append((what, began, ended, label))
     threads = itertools.count(1)  # named in the order they first ran something: gloo has 2 by default
     rows = {
         f"GPU stream {tid}" if gpu else f"gloo thread {next(threads)}": row
