@@ -477,6 +477,7 @@ def profiled(loader, args, record):
     rank = int(os.environ.get("RANK", 0))  # every process writes its own trace; rank 0 says where
 
     def write(profiler):
+        os.makedirs(args.out_dir, exist_ok=True)  # rank 0 made it, but maybe on another node's disk
         profiler.export_chrome_trace(str(Path(args.out_dir) / f"trace_rank{rank}.json"))
         if rank == 0:
             where = Path(args.out_dir) / "trace_rank*.json"
