@@ -1,6 +1,7 @@
 """The plumbing of walkthrough.ipynb, kept out of the lesson's way: run a command as a terminal would,
 show one DDP step's lines of train_ddp.py, read and plot what the runs wrote, measure throughput,
-and draw figures/ddp.png, the picture the README and the notebook open with:
+read and draw the traces that --profile writes, and draw figures/ddp.png, the picture the README
+and the notebook open with:
 
     python walkthrough_helpers.py      # redraws figures/ddp.png
 
@@ -368,14 +369,18 @@ def read_trace(path):
     for step in steps:
         start, end = step["ts"], step["ts"] + step["dur"]
         inside = [e for e in events if e is not step and start <= e["ts"] < end]
-        ours = [e for e in inside if (e["pid"], e["tid"]) == main]
+        # the process's threads: on a GPU, autograd runs backward on a thread of its own
+        ours = [e for e in inside if e["pid"] == main[0]]
 
         def named(*prefixes, ours=ours):
             return [e for e in ours if e["name"].startswith(prefixes)]
 
         backward = named("autograd::engine::evaluate_function")
+        if not backward:
+            continue  # not a step of the loop
         fetched = max((e["ts"] + e["dur"] for e in named("enumerate(DataLoader)")), default=start)
-        phases.append(("forward", *span([e for e in ours if fetched <= e["ts"] < backward[0]["ts"]])))
+        forward = [e for e in ours if e["tid"] == main[1] and fetched <= e["ts"] < backward[0]["ts"]]
+        phases.append(("forward", *span(forward)))
         phases.append(("backward", *span(backward)))
         copies = named("torch.distributed.ddp.reducer::copy_bucket_to_grad")
         if copies:

@@ -115,7 +115,9 @@ def summary(values, spec):
 
 
 def per_rank(cap, key, spec):
-    return " / ".join(summary([one[cap][key][r] for one in rounds], spec) for r in range(nproc))
+    """A summary for each rank; "none" where no all-reduce was recorded (one GPU may run none)."""
+    values = [[one[cap][key][r] for one in rounds if one[cap][key][r] is not None] for r in range(nproc)]
+    return " / ".join(summary(v, spec) if v else "none" for v in values)
 
 
 rounds_run = f"{args.repeats} rounds; median (min to max)" if args.repeats > 1 else "1 round"
