@@ -53,7 +53,7 @@ def train(args):
         num_workers=args.num_workers,
         pin_memory=device.type == "cuda",  # page-locked host memory: copies to the GPU overlap compute
     )
-    check_accumulation(args, len(loader))
+    check_epoch(args, len(loader))
 
     torch.manual_seed(args.seed)  # every run starts from the same weights
     model = make_model(args).to(device)
@@ -71,7 +71,8 @@ def train(args):
         # which would stall a GPU every step, and the mean stays exact for a short last batch
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         samples = 0
-        for step, (xb, yb) in enumerate(loader):
+        # --profile: a few steps of the run's second epoch are recorded (profiled(), below)
+        for step, (xb, yb) in enumerate(profiled(loader, args, record=epoch == start_epoch + 1)):
             xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
             # --grad_accum_steps K: K micro-batches make one optimizer step, each loss
             # divided by K so that the step is that of one batch K times as large
@@ -237,6 +238,12 @@ def parse_args():
     parser.add_argument(
         "--device", choices=["auto", "cuda", "cpu"], default="auto", help="auto: CUDA if a GPU is visible"
     )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="record a few steps of the run's second epoch with torch.profiler: a trace per process in "
+        "--out_dir, which ui.perfetto.dev opens (the training is the same; that epoch's time is not)",
+    )
     args = parser.parse_args()
     if args.resume not in (None, "auto") and not os.path.isfile(args.resume):
         parser.error(f"--resume {args.resume}: no such file; pass a model_epoch_E.pt from a run's --out_dir")
@@ -244,6 +251,10 @@ def parse_args():
         parser.error(f"--num_workers must be 0 or more, not {args.num_workers}")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: PyTorch sees no CUDA GPU on this machine; use --device cpu")
+    if args.profile and args.epochs < 2:
+        parser.error(
+            "--profile records the second epoch, after the first has warmed up: pass --epochs 2 or more"
+        )
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     return args
@@ -306,10 +317,16 @@ def check_continues(args):
         )
 
 
-def check_accumulation(args, batches):
+def check_epoch(args, batches):
+    """An epoch must hold what the flags ask of it: a whole optimizer step, and --profile's steps."""
     if args.grad_accum_steps > batches:
         raise Refused(
             f"--grad_accum_steps {args.grad_accum_steps} is more than the {batches} batches of an epoch"
+        )
+    if args.profile and RECORDED[-1] > batches:
+        raise Refused(
+            f"--profile records steps {RECORDED[0]} to {RECORDED[-1]} of an epoch, which has {batches} here: "
+            "pass a smaller --batch_size or a larger --dataset_size"
         )
 
 
@@ -407,6 +424,8 @@ def open_metrics(args, start_epoch):
         print(
             f"{Path(__file__).name}: {args.resume} has done all {args.epochs} epochs; raise --epochs for more"
         )
+    if args.profile and args.epochs - start_epoch < 2:  # and nothing to record
+        print(f"{Path(__file__).name}: --profile records the run's second epoch, and this run has none")
     return metrics
 
 
@@ -439,6 +458,43 @@ def report(record, metrics, epochs, elapsed):
     )
     metrics.write(json.dumps(record, allow_nan=False).encode() + b"\n")
     metrics.flush()
+
+
+# the steps of an epoch that --profile records, counted from 1: the first is skipped, the profiler
+# warms up on the second
+RECORDED = range(3, 7)
+
+
+def profiled(loader, args, record):
+    """The batches of loader, as they come. With --profile, and record, torch.profiler records a
+    few of its steps (RECORDED: a step is a batch fetched, forward, backward and, when it is the
+    last micro-batch, the optimizer step), and each process writes its trace to --out_dir as
+    trace_rank<RANK>.json, in the format ui.perfetto.dev and chrome://tracing open. Each process
+    records its own: gloo's all-reduces show on gloo's threads, nccl's on a CUDA stream of their own."""
+    if not (args.profile and record):
+        yield from loader
+        return
+    rank = int(os.environ.get("RANK", 0))  # every process writes its own trace; rank 0 says where
+
+    def write(profiler):
+        os.makedirs(args.out_dir, exist_ok=True)  # rank 0 made it, but maybe on another node's disk
+        profiler.export_chrome_trace(str(Path(args.out_dir) / f"trace_rank{rank}.json"))
+        if rank == 0:
+            where = Path(args.out_dir) / "trace_rank*.json"
+            print(
+                f"{Path(__file__).name}: --profile: steps {RECORDED[0]} to {RECORDED[-1]} of this epoch, a "
+                f"trace per process: {where} (open one in ui.perfetto.dev)",
+                flush=True,
+            )
+
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if args.device == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    schedule = torch.profiler.schedule(wait=RECORDED[0] - 2, warmup=1, active=len(RECORDED), repeat=1)
+    with torch.profiler.profile(activities=activities, schedule=schedule, on_trace_ready=write) as profiler:
+        for batch in loader:
+            yield batch
+            profiler.step()  # the step ends: the next begins with fetching its batch
 
 
 if __name__ == "__main__":

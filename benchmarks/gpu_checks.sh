@@ -4,7 +4,7 @@
 #     bash benchmarks/gpu_checks.sh        # writes to $OUT if set, else to out/gpu_checks
 #
 # Made for a lent machine's short window: every stage has a time limit, and the whole run
-# ends within about 8 minutes on one GPU, most of it measuring. In order:
+# ends within about 10 minutes on one GPU, most of it measuring. In order:
 #   1. what it runs on, to environment.txt: Python, torch, CUDA, NCCL, the GPUs, nvidia-smi;
 #   2. stop if torch cannot be imported; if it is not the torch requirements.txt pins, say so
 #      and go on: the code must work on the torch the machine has, and the figures name it;
@@ -12,7 +12,10 @@
 #   4. stop if torch sees no GPU;
 #   5. the tests marked gpu (tests/test_gpu.py, and the refusal of more processes than GPUs
 #      in tests/test_proofs.py), to gpu_tests.txt;
-#   6. the benchmark, its rounds while they fit its budget, to benchmark.txt, and
+#   6. DDP in time: benchmarks/buckets.py, train_ddp.py --profile at the large regime (2 GPUs where
+#      there are 2, else 1) at each bucket size, to buckets.txt, and to buckets/: each run's
+#      traces (open them in ui.perfetto.dev), their timeline.png, and buckets.json;
+#   7. the benchmark, its rounds while they fit its budget, to benchmark.txt, and
 #      benchmark.json, written after every run, so that a hang still returns what was measured.
 # The interpreter: $PYTHON if set, else .venv/bin/python if there is one, else python3 (a
 # GPU machine's own, with torch, pytest and matplotlib, where nothing can be installed).
@@ -20,7 +23,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-out/gpu_checks}
-collect_limit=60 tests_limit=150 benchmark_budget=240 benchmark_limit=270 # seconds
+collect_limit=60 tests_limit=150 buckets_limit=150 benchmark_budget=240 benchmark_limit=270 # seconds
 if [ -n "${PYTHON:-}" ]; then
     python=$PYTHON
 elif [ -x .venv/bin/python ]; then
@@ -70,12 +73,18 @@ timeout -k 15 "$tests_limit" "$python" -m pytest -v -m gpu --durations=10 2>&1 |
 tests=${PIPESTATUS[0]}
 [ "$tests" -eq 124 ] && say "the GPU tests ran past their $tests_limit s and were stopped"
 
-# 6. the benchmark
+# 6. DDP in time: a trace per process, at each bucket size, and their timeline
+timeout -k 15 "$buckets_limit" "$python" benchmarks/buckets.py --regime large --repeats 1 --out "$out/buckets" \
+    2>&1 | tee "$out/buckets.txt"
+buckets=${PIPESTATUS[0]}
+[ "$buckets" -eq 124 ] && say "the traces ran past their $buckets_limit s and were stopped"
+
+# 7. the benchmark
 timeout -k 15 "$benchmark_limit" "$python" benchmarks/benchmark.py --repeats 3 --budget "$benchmark_budget" \
     --json "$out/benchmark.json" 2>&1 | tee "$out/benchmark.txt"
 benchmark=${PIPESTATUS[0]}
 [ "$benchmark" -eq 124 ] && say "the benchmark ran past its $benchmark_limit s and was stopped;" \
     "benchmark.json holds what it had measured"
 
-say "tests exited $tests, benchmark $benchmark; outputs in $out"
-[ "$tests" -eq 0 ] && [ "$benchmark" -eq 0 ]
+say "tests exited $tests, traces $buckets, benchmark $benchmark; outputs in $out"
+[ "$tests" -eq 0 ] && [ "$buckets" -eq 0 ] && [ "$benchmark" -eq 0 ]

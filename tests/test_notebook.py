@@ -106,7 +106,7 @@ def test_the_notebook_runs_top_to_bottom_writes_only_its_out_folder_and_shows_wh
     elsewhere = [path for path in after.keys() - given.keys() if path.parts[0] != "out"]
     assert all("__pycache__" in path.parts for path in elsewhere), elsewhere  # git ignores both
     assert not (tmp_path / "figures").exists()  # the README's figures only with WALKTHROUGH_FIGURES
-    for figure in ("loss.png", "scaling.png"):
+    for figure in ("loss.png", "scaling.png", "timeline.png"):
         assert (tmp_path / "out/walkthrough" / figure).stat().st_size > 10_000, figure
 
     cells = [cell for cell in notebook.cells if cell.cell_type == "code"]
@@ -129,6 +129,23 @@ def test_the_notebook_runs_top_to_bottom_writes_only_its_out_folder_and_shows_wh
     assert f"scaling: process counts {scaling}; rounds: 1" in text
     rows = re.findall(r"^(small|wide) +N=(\d): .* efficiency \d\.\d\d \(\d\.\d\d to \d\.\d\d\)", text, re.M)
     assert rows == [(regime, str(n)) for regime in ("small", "wide") for n in scaling]
+    # each rank in time: every DDP rank all-reduces, the baseline never; smaller buckets make more
+    # all-reduces, no_sync half as many for the same backward passes
+    (timeline,) = [outputs(cell) for cell in cells if "print_communication(runs)" in cell.source]
+    runs = re.findall(r"^(\S.*)\n((?:  rank .*\n)+)", timeline, re.M)
+    counts = [
+        [
+            tuple(map(int, c))
+            for c in re.findall(r"(\d+) backward passes, (\d+) optimizer steps, (\d+) all", ranks)
+        ]
+        for _, ranks in runs
+    ]
+    assert len(counts) == 4 and [len(c) for c in counts] == [2, 2, 2, 1], timeline
+    torch_buckets, small_buckets, accumulating, (baseline,) = counts
+    for each, small, every_2 in zip(torch_buckets, small_buckets, accumulating, strict=True):
+        assert each[:2] == small[:2] == (4, 4) and every_2[:2] == (4, 2), timeline
+        assert small[2] > each[2] > 0 and every_2[2] == each[2] / 2, timeline
+    assert baseline == (4, 4, 0), timeline
     # your turn: the report of a conversion without set_epoch names step 3; the fixed one passes
     assert re.findall(r"^check_ddp: (ok|FAIL)\b", text, re.M) == ["FAIL", "ok"]
     assert re.search(r"^step 3 +FAIL +shard the data: rank \d drew the same order", text, re.M), text
