@@ -6,13 +6,19 @@
     python check_ddp.py --explain DDP305               # what a finding means, and what to do
     python check_ddp.py --judge /tmp/check_ddp-XXXX    # a job already run, judged again
 
-It starts your script as a small job, `torchrun --standalone --nproc_per_node=2 my_train.py ...`
-(on a machine without enough GPUs, on the CPU, with gloo), watches every process from the
-inside without changing your script, and reports on the steps of README.md: what each rank
-did (the sampler's indices, the model's wrapper, the collectives, the files written, the
-weights at the end), where (your file:line), what to do, and the pitfall that shows the
-mistake. Its own options come before the script; everything after the script is the
-script's. The job runs for real, in this folder: it writes what your script writes.
+It starts your script as a small job, `torchrun --standalone --nproc_per_node=2 my_train.py ...`,
+watches every process from the inside without changing your script, and reports on the steps
+of README.md: what each rank did (the sampler's indices, the model's wrapper, the collectives,
+the files written, the weights at the end), where (your file:line), what to do, and the
+pitfall that shows the mistake. Its own options come before the script; everything after the
+script is the script's. The job runs for real, in this folder: it writes what your script
+writes.
+
+Where there are as many GPUs as processes, the job runs on them. Elsewhere (a laptop, a CI
+runner, a machine of one GPU, or --cpu) a GPU script runs unchanged on the CPU: CUDA and NCCL
+are stood in (cuda -> cpu, nccl -> gloo; each GPU the script asks for is recorded, with its
+line), and the processes are shown as two nodes of one GPU each (--nnodes), so that RANK and
+LOCAL_RANK differ on the second node, as they do on a real multi-node job.
 
 Exit status: 0 when no step failed (warnings included), 1 when one did, 2 for a usage error.
 A job that stops making progress for --silence seconds is stopped, and the report says where
@@ -44,6 +50,7 @@ import argparse
 import ast
 import functools
 import importlib
+import importlib.util
 import inspect
 import json
 import os
@@ -103,7 +110,16 @@ def main(argv=None):
         default=20,
         help="seconds without progress after which the job is stopped as hung (default: 20)",
     )
-    parser.add_argument("--cpu", action="store_true", help="run on the CPU (gloo) even where there are GPUs")
+    parser.add_argument(
+        "--cpu",
+        action="store_true",
+        help="run on the CPU even where there are GPUs: CUDA and NCCL stood in, as where there are too few",
+    )
+    parser.add_argument(
+        "--nnodes",
+        type=int,
+        help="nodes to show the processes as, as many processes on each (default: 2 on the CPU, 1 on GPUs)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="show the job's own output as it runs")
     parser.add_argument(
         "--explain",
@@ -137,6 +153,8 @@ def main(argv=None):
             parser.error("--nproc must be at least 2: one process cannot share anything")
         if options.silence <= 0:
             parser.error("--silence must be more than 0 seconds")
+        if options.nnodes is not None and (options.nnodes < 1 or options.nproc % options.nnodes):
+            parser.error(f"--nnodes must divide --nproc ({options.nproc}): as many processes on each node")
         job = run_job(options)
     lines = judge(job)
     print(report(job, lines))
@@ -154,20 +172,13 @@ class Job:
     and the text of the script's files that the records cite)."""
 
     ENDING = (
-        "command",
-        "nproc",
-        "silence",
-        "device",
-        "cwd",
-        "returncode",
-        "seconds",
-        "hung",
+        "command", "nproc", "nnodes", "silence", "device", "cwd", "returncode", "seconds", "hung",
         "stuck_at_exit",
-    )
+    )  # fmt: skip
 
-    def __init__(self, folder, command, nproc, silence, device, cwd):
-        self.folder, self.command, self.nproc, self.silence = Path(folder), command, nproc, silence
-        self.device, self.cwd = device, cwd
+    def __init__(self, folder, command, nproc, nnodes, silence, device, cwd):
+        self.folder, self.command, self.nproc, self.nnodes = Path(folder), command, nproc, nnodes
+        self.silence, self.device, self.cwd = silence, device, cwd  # device: cuda, or cpu (stood in)
         self.ranks = {}  # rank: its records, in order
         self.output = ""
         self.returncode = None
@@ -213,6 +224,8 @@ class Job:
                 for at in [e.get("at"), *(e.get("stack") or [])]:
                     if isinstance(at, str) and ":" in at:
                         cited.add(at.rpartition(":")[0])
+                for path in re.findall(r'File "([^"]+)", line', e.get("message") or ""):  # a child's
+                    cited.add(os.path.relpath(path, self.cwd))
         self.sources = {path: text for path in sorted(cited) if (text := self.source(path)) is not None}
         ending = {name: getattr(self, name) for name in self.ENDING}
         (self.folder / "job.json").write_text(json.dumps({**ending, "sources": self.sources}, indent=1))
@@ -220,7 +233,9 @@ class Job:
     @classmethod
     def load(cls, folder):
         saved = json.loads((Path(folder) / "job.json").read_text())
-        job = cls(folder, saved["command"], saved["nproc"], saved["silence"], saved["device"], saved["cwd"])
+        job = cls(
+            folder, *(saved[name] for name in ("command", "nproc", "nnodes", "silence", "device", "cwd"))
+        )
         for name in cls.ENDING:
             setattr(job, name, saved[name])
         job.sources = saved["sources"]
@@ -243,24 +258,25 @@ def visible_gpus(options):
 def run_job(options):
     gpus = visible_gpus(options)
     device = "cuda" if gpus >= options.nproc else "cpu"
+    nnodes = options.nnodes or (2 if device == "cpu" else 1)
     folder = Path(tempfile.mkdtemp(prefix="check_ddp-"))
     site = folder / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
     env = dict(os.environ, CHECK_DDP_FOLDER=str(folder), CHECK_DDP_TOOL=str(Path(__file__).resolve()))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)
-    if device == "cpu":
-        env["CUDA_VISIBLE_DEVICES"] = ""  # --cpu, or fewer GPUs than processes: the CPU, as on a laptop
+    env["CHECK_DDP_NNODES"] = str(nnodes)
+    if device == "cpu":  # --cpu, or fewer GPUs than processes: the CPU, as on a laptop, CUDA stood in
+        env.update(CUDA_VISIBLE_DEVICES="", CHECK_DDP_STANDIN="1")
+    else:  # each rehearsed node its own GPUs: those CUDA_VISIBLE_DEVICES lists, in order, or all
+        listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+        env["CHECK_DDP_GPUS"] = listed if listed else ",".join(map(str, range(gpus)))
     launch = ["--standalone", f"--nproc_per_node={options.nproc}"]
     command = [sys.executable, "-m", "torch.distributed.run", *launch, options.script, *options.args]
     job = Job(
-        folder,
-        ["torchrun", *launch, options.script, *options.args],
-        options.nproc,
-        options.silence,
-        device,
-        os.getcwd(),
-    )
+        folder, ["torchrun", *launch, options.script, *options.args], options.nproc, nnodes, options.silence,
+        device, os.getcwd(),
+    )  # fmt: skip
     log = folder / "output.log"
     start = time.monotonic()
     with open(log, "wb") as out:
@@ -350,8 +366,20 @@ if _spec is not None:
 # them): each is a JSON line {"e": kind, field: value, ...}, with exactly these fields. `at` is
 # always the script's own file:line that made the call.
 SCHEMA = {
-    # a process starts: who torchrun says it is, and what it has
-    "start": ("rank", "local_rank", "world_size", "cuda", "gpus", "torch", "env"),
+    # a process starts: who torchrun says it is (on the node check_ddp shows it), whether CUDA and
+    # NCCL are stood in on the CPU, and the GPUs its node has
+    "start": (
+        "rank",
+        "local_rank",
+        "world_size",
+        "node",
+        "local_world_size",
+        "standin",
+        "cuda",
+        "gpus",
+        "torch",
+        "env",
+    ),
     # twice a second: the watched call the main thread is in (a CALLS key, or None), the script's
     # lines it came from (innermost first), the innermost frame of all
     "now": ("call", "stack", "inner"),
@@ -361,13 +389,23 @@ SCHEMA = {
     "init": ("at", "backend", "init_method", "rank", "world_size", "store"),
     "met": ("seconds", "rank", "world_size", "backend"),
     "destroy": ("at",),
+    # the script (or a library) reads a launch variable, or parses an option named like one
+    # (--local_rank, which torchrun never passes): its value, its default, whether it was given
+    "read": ("key", "by", "at", "found"),
+    "arg": ("option", "value", "default", "given", "at"),
+    # step 2, under the stand-in: a GPU the script asks for (how: set_device, to, cuda, a factory's
+    # device=, device_ids, device_id, ...), once per way and line; where the first batch of a model
+    # the script put on a GPU is (cuda:N, or cpu), and where the model is
+    "gpu": ("how", "index", "at"),
+    "input": ("device", "model", "at"),
     # steps 5, 6, 9: a collective the script called itself, after `step` optimizer steps
     "coll": ("name", "at", "step"),
     # step 3: a DataLoader made (its dataset's length and a fingerprint of its data; its
-    # DistributedSampler's settings, or false); a pass over it begins; a batch of it (the
-    # dataset indices it holds, or for an iterable dataset a fingerprint of its data)
+    # DistributedSampler's settings, or false); a pass over it begins (whether gradients are on,
+    # whether a DDP model is in eval mode); a batch of it (the dataset indices it holds, or for an
+    # iterable dataset a fingerprint of its data)
     "loader": ("id", "at", "dataset", "length", "batches", "data", "sampler", "distributed"),
-    "pass": ("loader", "n", "at"),
+    "pass": ("loader", "n", "at", "grad", "eval"),
     "batch": ("loader", "idx", "data"),
     "set_epoch": ("epoch", "at"),
     "join": ("at",),
@@ -386,15 +424,21 @@ SCHEMA = {
     ),
     "ddp_freed": (),
     "step": ("n", "backward", "synced", "forward", "items", "loader"),
+    # step 10: the first forward without gradients since the last optimizer step (through the DDP
+    # model, or the model it wraps), and the loader that gave the last batch
+    "eval": ("at", "loader"),
     "compile": ("how", "at", "wraps_ddp", "target"),
-    # step 6: torch.save (where, what it holds: describe_checkpoint), torch.load, any file written
+    # step 6: torch.save (where, what it holds: describe_checkpoint), torch.load, a state_dict loaded
+    # into a model (a DDP model or not; its keys all start with module.), any file written
     "save": ("path", "at", "what"),
+    "load_state": ("into", "ddp", "prefixed", "at"),
     "load": ("path", "at", "weights_only", "map_location"),
     "write": ("path", "at", "how", "source"),
-    # step 8: the script starts processes of its own
-    "spawn": ("at",),
-    # the script's own uncaught error: where, in which watched call (CALLS key), in which loader
-    "crash": ("type", "message", "at", "call", "loader"),
+    # step 8: the script starts processes of its own, to train in (how: spawn, a Process)
+    "spawn": ("how", "at"),
+    # the script's own uncaught error: where (and whether the script's own line raised it), in
+    # which watched call (CALLS key), in which loader
+    "crash": ("type", "message", "at", "by_script", "call", "loader"),
     # the process ends: its replicas' weights summed, each training forward's input summed, the
     # graphs torch.compile made, its optimizer steps, its forwards through DDP without gradients
     "exit": ("weights", "inputs", "graphs", "steps", "evaluations"),
@@ -448,6 +492,7 @@ TORCH_DIR = ""  # torch's own folder: set once torch is imported, in watch()
 LIBRARY_DIRS = tuple(
     os.path.realpath(p) for p in {sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")}
 )
+STDLIB = os.path.realpath(sysconfig.get_paths()["stdlib"])
 
 
 def is_users(filename):
@@ -470,6 +515,15 @@ def callers_frame():
     However deep a wrapper calls this, the answer is the same."""
     frame = sys._getframe(1)
     while frame is not None and os.path.realpath(frame.f_code.co_filename) == THIS_FILE:
+        frame = frame.f_back
+    return frame
+
+
+def outside_stdlib():
+    """The frame that called into this file, past the standard library's own frames (os.getenv,
+    argparse's parse_args): whose code asked, the script's or a library's."""
+    frame = callers_frame()
+    while frame is not None and os.path.realpath(frame.f_code.co_filename).startswith(STDLIB):
         frame = frame.f_back
     return frame
 
@@ -620,6 +674,7 @@ class Wrapper:
     key: str  # the CALLS key: what a record names the call by
     make: object  # make(original, watcher, name) -> the function put in its place
     compiled_through: bool  # torch.compile must not trace the wrapper, only what it wraps
+    standin: bool  # part of the stand-in for CUDA and NCCL: applied only on the CPU, inside the others
 
 
 WRAPPERS = []  # in the order watch() applies them
@@ -627,14 +682,16 @@ CALLS = {}  # key: Call
 CALL_OF_CODE = {}  # each applied wrapper's code object: its CALLS key (to tell a frame's call)
 
 
-def watches(owner, *names, step, label, compiled_through=False):
-    """Declare a wrapper of owner.name, for each name: `label` may hold {name}."""
+def watches(owner, *names, step, label, compiled_through=False, standin=False):
+    """Declare a wrapper of owner.name, for each name: `label` may hold {name}. A stand-in's wrapper
+    (standin=True) is applied first, so that the watcher's wrapper of the same call sees what the
+    script passed, and the stand-in what the CPU can run."""
 
     def register(make):
         for name in names:
             key = f"{owner}.{name}"
-            CALLS[key] = Call(step, label.format(name=name))
-            WRAPPERS.append(Wrapper(owner, name, key, make, compiled_through))
+            CALLS.setdefault(key, Call(step, label.format(name=name)))
+            WRAPPERS.append(Wrapper(owner, name, key, make, compiled_through, standin))
         return make
 
     return register
@@ -652,8 +709,13 @@ def resolve(dotted):
 class Watcher:
     """What the wrappers of one process share: its recorder, and what the script did so far."""
 
-    def __init__(self, rec):
+    def __init__(self, rec, node_gpus=None):
         self.rec = rec
+        self.node_gpus = node_gpus  # under the stand-in, the GPUs this process's node has; else None
+        self.gpu = 0  # under the stand-in, the current GPU (torch.cuda.set_device)
+        self.asked = set()  # under the stand-in, (how, GPU, line) already recorded
+        self.read = set()  # the launch variables already seen read
+        self.replaced = []  # (original, its wrapper)
         self.state = {  # what happened since the last optimizer step
             "backward": 0,
             "synced": 0,
@@ -662,6 +724,8 @@ class Watcher:
             "step": 0,
             "evaluations": 0,
             "pass": None,  # the DataLoader pass that gave the last batch
+            "in_ddp": False,  # inside the DDP model's forward
+            "evaluating": False,  # in a run of forwards without gradients, since the last optimizer step
         }
         self.loaders = []  # the script's DataLoaders, by their id
         self.live_ddp = []  # weak references to the DDP models made
@@ -670,6 +734,10 @@ class Watcher:
         self.written = set()  # (file, line, how) already recorded
         self.folder = os.path.realpath(os.environ["CHECK_DDP_FOLDER"])
         self.caches = os.path.realpath(os.path.expanduser("~/.cache"))
+
+    def models(self):
+        """The DDP models alive."""
+        return [m for m in (ref() for ref in self.live_ddp) if m is not None]
 
     def apply(self, wrapper):
         owner = resolve(wrapper.owner)
@@ -685,37 +753,82 @@ class Watcher:
 
             function = torch.compiler.disable(function, recursive=False)
         setattr(owner, wrapper.name, function)
+        self.replaced.append((original, function))
 
 
 def watch():
     """Wrap what a DDP script calls, in this process of the job, and record what it does."""
     global TORCH_DIR
+    node, node_gpus = rehearse_nodes()  # before the script, or torch, reads the environment
     import torch
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     TORCH_DIR = os.path.realpath(os.path.dirname(torch.__file__))
     rank = int(os.environ["RANK"])
     rec = Recorder(Path(os.environ["CHECK_DDP_FOLDER"]) / f"rank{rank}.jsonl")
+    standin = os.environ.get("CHECK_DDP_STANDIN") == "1"
     rec.add(
         "start",
         rank=rank,
         local_rank=int(os.environ["LOCAL_RANK"]),
         world_size=int(os.environ["WORLD_SIZE"]),
-        cuda=torch.cuda.is_available(),
-        gpus=torch.cuda.device_count(),
+        node=node,
+        local_world_size=int(os.environ["LOCAL_WORLD_SIZE"]),
+        standin=standin,
+        cuda=standin or torch.cuda.is_available(),
+        gpus=node_gpus if standin else torch.cuda.device_count(),
         torch=torch.__version__,
         env={k: os.environ.get(k) for k in LAUNCH_VARIABLES},
     )
     os.register_at_fork(after_in_child=lambda: setattr(rec, "enabled", False))  # DataLoader workers
-    watcher = Watcher(rec)
-    for wrapper in WRAPPERS:
-        watcher.apply(wrapper)
+    watcher = Watcher(rec, node_gpus if standin else None)
+    if standin:
+        stand_in_for_cuda(watcher)
+    for wrapper in sorted(WRAPPERS, key=lambda wrapper: not wrapper.standin):
+        if standin or not wrapper.standin:
+            watcher.apply(wrapper)
+    keep_torchscript_builtins(watcher)
     register_optimizer_step_post_hook(functools.partial(after_step, watcher))
     sys.addaudithook(functools.partial(audit, watcher))
     sys.excepthook = functools.partial(excepthook, watcher, sys.excepthook)
     import atexit
 
     atexit.register(at_exit, watcher)
+
+
+def keep_torchscript_builtins(w):
+    """TorchScript knows torch's own functions (torch.zeros is aten::zeros) by what they are; a wrapper
+    of one would be compiled as Python, from a source it cannot find. Each wrapper of such a function
+    is the same builtin to it."""
+    from torch.jit import _builtins
+
+    table = _builtins._get_builtin_table()
+    for original, wrapper in w.replaced:
+        if id(original) in table:
+            table[id(wrapper)] = table[id(original)]
+
+
+def rehearse_nodes():
+    """Show this process the node torchrun would have put it on, in a job of CHECK_DDP_NNODES nodes
+    with as many processes each: its LOCAL_RANK, LOCAL_WORLD_SIZE and GROUP_RANK, as on the real
+    thing, so that RANK and LOCAL_RANK differ from the second node on. On real GPUs, the node's
+    own GPUs only (CUDA_VISIBLE_DEVICES), as on a machine of its own. (its node, its node's GPUs)"""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    nodes = int(os.environ.get("CHECK_DDP_NNODES", "1"))
+    per_node = world // nodes
+    node = rank // per_node
+    os.environ.update(
+        LOCAL_RANK=str(rank % per_node),
+        LOCAL_WORLD_SIZE=str(per_node),
+        GROUP_RANK=str(node),
+        GROUP_WORLD_SIZE=str(nodes),
+    )
+    gpus = os.environ.get("CHECK_DDP_GPUS")
+    if nodes > 1 and gpus:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(
+            gpus.split(",")[node * per_node : (node + 1) * per_node]
+        )
+    return node, per_node
 
 
 # The wrappers, by step. Each make() returns the function that stands in for the original.
@@ -843,14 +956,31 @@ def dataloader_init(original, w, _):
 @watches("torch.utils.data.DataLoader", "__iter__", step=3, label="iter(DataLoader)")
 def dataloader_iter(original, w, _):
     def dataloader_iter(self):
+        if hasattr(self, "_check_ddp_id"):
+            # the pass begins before the iterator is made: with workers, torch hands them their first
+            # indices (_next_index) while it makes the iterator, or resets a persistent one
+            self._check_ddp_passes = getattr(self, "_check_ddp_passes", 0) + 1
+            self._check_ddp_pass = {"loader": self._check_ddp_id, "batches": 0, "backward": 0}
+            w.rec.add(
+                "pass", loader=self._check_ddp_id, n=self._check_ddp_passes, at=where(), grad=grad_enabled(),
+                eval=any(not m.training or not m.module.training for m in w.models()),
+            )  # fmt: skip
         iterator = original(self)
         if hasattr(self, "_check_ddp_id"):
-            iterator._check_ddp_pass = {"loader": self._check_ddp_id, "batches": 0, "backward": 0}
-            self._check_ddp_passes = getattr(self, "_check_ddp_passes", 0) + 1
-            w.rec.add("pass", loader=self._check_ddp_id, n=self._check_ddp_passes, at=where())
+            iterator._check_ddp_pass = self._check_ddp_pass
         return iterator
 
     return dataloader_iter
+
+
+@watches("torch.utils.data.dataloader._BaseDataLoaderIter", "_reset", step=3, label="iter(DataLoader)")
+def dataloader_reset(original, w, _):
+    def dataloader_reset(self, loader, *args, **kwargs):
+        if hasattr(loader, "_check_ddp_pass"):
+            self._check_ddp_pass = loader._check_ddp_pass  # the pass its loader began
+        return original(self, loader, *args, **kwargs)
+
+    return dataloader_reset
 
 
 @watches("torch.utils.data.dataloader._BaseDataLoaderIter", "_next_index", step=3, label="next(DataLoader)")
@@ -906,6 +1036,12 @@ def join_init(original, w, _):
 # DDP step 4: the wrapper, what goes through it, and the replicas' weights
 
 
+def grad_enabled():
+    import torch
+
+    return torch.is_grad_enabled()
+
+
 def ddp_freed(rec, _):
     """The DDP model is being freed, training done: on disk now, and a moment for gloo. In torch
     2.13 freeing it joins gloo's threads while holding the GIL, and a thread still releasing a
@@ -919,9 +1055,17 @@ def ddp_freed(rec, _):
 def ddp_init(original, w, _):
     import weakref
 
+    signature = inspect.signature(original)
+
     def ddp_init(self, module, *args, **kwargs):
+        asked = signature.bind_partial(self, module, *args, **kwargs).arguments.get("device_ids")
         original(self, module, *args, **kwargs)
         w.live_ddp.append(weakref.ref(self, functools.partial(ddp_freed, w.rec)))
+        drop_hooks(module)  # where its first batch came from: DDP's forward says it from now on
+        if getattr(self.module, "_compiled_call_impl", None) is None:  # see drop_hooks
+            self.module._check_ddp_bare = self.module.register_forward_pre_hook(
+                functools.partial(bare_forward, w)
+            )
         w.weights.extend(self.module.parameters())
         inner = getattr(module, "_orig_mod", module)
         w.rec.add(
@@ -930,9 +1074,9 @@ def ddp_init(original, w, _):
             module=type(inner).__name__,
             compiled=getattr(module, "_compiled_call_impl", None) is not None,
             compiled_inside=hasattr(module, "_orig_mod"),
-            device_ids=[str(d) for d in (self.device_ids or [])],
+            device_ids=[str(d) for d in (asked or [])],
             find_unused_parameters=self.find_unused_parameters,
-            devices=sorted({str(p.device) for p in self.module.parameters()}),
+            devices=sorted({placed(p) for p in self.module.parameters()}),
             parameters=sum(p.numel() for p in self.module.parameters()),
         )
 
@@ -947,23 +1091,55 @@ def ddp_forward(original, w, _):
 
     def ddp_forward(self, *args, **kwargs):
         if not torch.is_grad_enabled():
-            w.state["evaluations"] += 1  # a forward without gradients: evaluation, or inference
+            evaluated(w)  # a forward without gradients: evaluation, or inference
         else:
             w.state["forward"] += 1
             first = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
+            if first is not None and w.state["forward"] == 1 and w.node_gpus:  # stood in: where the batch is
+                model = placed(next(self.module.parameters(), first))
+                w.rec.add("input", device=placed(first), model=model, at=where())
             if first is not None and first.numel():
                 flat = first.detach().reshape(-1)
                 sample = flat[:: max(1, flat.numel() // 1024)][:1024].double()
                 w.inputs.append((sample * torch.arange(1, len(sample) + 1, device=sample.device)).sum())
-        return original(self, *args, **kwargs)
+        w.state["in_ddp"] = True
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            w.state["in_ddp"] = False
 
     return ddp_forward
+
+
+def evaluated(w):
+    """A forward without gradients, through the DDP model or the model it wraps: the first of a
+    run of them (an evaluation, if no optimizer step comes in between) is recorded, with its line."""
+    w.state["evaluations"] += 1
+    if not w.state["evaluating"]:
+        w.state["evaluating"] = True
+        w.rec.add("eval", at=where(), loader=w.state["pass"] and w.state["pass"]["loader"])
+
+
+def drop_hooks(module):
+    """Take this watcher's forward hooks off a model that is compiled, or wrapped: a hook of a file
+    outside torch makes torch.compile trace a model it would otherwise leave alone (2 graphs where
+    there are 0, for torch.compile(DDP(nn.Sequential))), and the check must not change what it sees."""
+    for name in ("_check_ddp_inputs", "_check_ddp_bare"):
+        handle = module.__dict__.pop(name, None)
+        if handle is not None:
+            handle.remove()
+
+
+def bare_forward(w, module, args):
+    """A forward hook on the model DDP wraps: an evaluation through model.module."""
+    if not grad_enabled() and not w.state["in_ddp"]:
+        evaluated(w)
 
 
 @watches("torch.autograd", "backward", step=4, label="backward()")
 def autograd_backward(original, w, _):
     def autograd_backward(*args, **kwargs):
-        models = [m for m in (ref() for ref in w.live_ddp) if m is not None]
+        models = w.models()
         w.state["backward"] += 1
         w.state["synced"] += any(m.require_backward_grad_sync for m in models)
         if w.state["pass"] is not None:
@@ -989,7 +1165,7 @@ def after_step(w, optimizer, args, kwargs):
         items=state["items"],
         loader=current and current["loader"],
     )
-    state.update(backward=0, synced=0, forward=0, items={})
+    state.update(backward=0, synced=0, forward=0, items={}, evaluating=False)
 
 
 @watches("torch.Tensor", "item", step=5, label=".item()")
@@ -1006,12 +1182,15 @@ def tensor_item(original, w, _):
 @watches("torch", "compile", step=4, label="torch.compile()")
 @watches("torch.nn.Module", "compile", step=4, label="Module.compile()")
 def watched_compile(original, w, name):
+    import torch
     from torch.nn.parallel import DistributedDataParallel
 
     how = "torch.compile" if original.__qualname__ == "compile" else "Module.compile"
 
     def watched_compile(*args, **kwargs):
         target = args[0] if args else kwargs.get("model")
+        if isinstance(target, torch.nn.Module):
+            drop_hooks(target.module if isinstance(target, DistributedDataParallel) else target)
         if called_by_user():
             w.rec.add(
                 "compile",
@@ -1056,8 +1235,34 @@ def torch_load(original, w, _):
     return torch_load
 
 
+@watches("torch.nn.Module", "load_state_dict", step=6, label="model.load_state_dict()")
+def load_state_dict(original, w, _):
+    from torch.nn.parallel import DistributedDataParallel
+
+    def load_state_dict(self, state_dict, *args, **kwargs):
+        if called_by_user():
+            keys = list(state_dict)
+            w.rec.add(
+                "load_state",
+                into=type(self).__name__,
+                ddp=isinstance(self, DistributedDataParallel),
+                prefixed=bool(keys) and all(str(k).startswith("module.") for k in keys),
+                at=where(),
+            )
+        return original(self, state_dict, *args, **kwargs)
+
+    return load_state_dict
+
+
 def audit(w, event, args):
-    """Python's audit hook: every file the script opens to write, or renames into place."""
+    """Python's audit hook: every file the script opens to write, or renames into place; an MPI
+    library imported, which other launchers (mpirun) tell who each process is."""
+    if event == "import" and args[0] == "mpi4py" and w.rec.enabled and "import mpi4py" not in w.read:
+        w.read.add("import mpi4py")
+        frame = outside_stdlib()
+        by = "script" if frame is not None and is_users(frame.f_code.co_filename) else "library"
+        found = importlib.util.find_spec("mpi4py") is not None
+        w.rec.add("read", key="import mpi4py", by=by, at=where(), found=found)
     if not w.rec.enabled or event not in ("open", "os.rename", "os.replace"):
         return
     if event == "open":
@@ -1083,16 +1288,69 @@ def audit(w, event, args):
 # DDP step 8: a script that starts its own processes
 
 
+# A script that starts its own processes to train in (mp.spawn, a Process of its own function)
+# would, under torchrun, start N of them in each of the N processes. The check starts none: each of
+# torchrun's processes runs in itself the one child it stands for (child LOCAL_RANK, as the
+# launcher numbers them on a node), so that what the children do (where they meet, what they pass
+# init_process_group(), where they fail) is seen, and judged.
+
+
 @watches("torch.multiprocessing", "spawn", "start_processes", step=8, label="mp.{name}()")
+@watches("torch.multiprocessing.spawn", "spawn", "start_processes", step=8, label="mp.{name}()")
 def multiprocessing_spawn(original, w, name):
+    signature = inspect.signature(original)
+
     def multiprocessing_spawn(*args, **kwargs):
-        w.rec.add("spawn", at=where())
-        raise SystemExit(
-            "check_ddp: this script starts its own processes (torch.multiprocessing.spawn); "
-            "under torchrun, each process is already one of the job's"
-        )
+        given = signature.bind(*args, **kwargs).arguments
+        nprocs = given.get("nprocs", 1)
+        child = int(os.environ["LOCAL_RANK"]) % max(1, nprocs)
+        w.rec.add("spawn", how=f"torch.multiprocessing.{name}(nprocs={nprocs})", at=where())
+        given["fn"](child, *given.get("args", ()))  # the child this process stands for, here
+        return None if given.get("join", True) else types_namespace(join=lambda *a, **k: True, pids=list)
 
     return multiprocessing_spawn
+
+
+def types_namespace(**attributes):
+    import types
+
+    return types.SimpleNamespace(**attributes)
+
+
+@watches("multiprocessing.process.BaseProcess", "start", step=8, label="Process.start()")
+def process_start(original, w, name):
+    def process_start(self):
+        # the script's own function in a process of its own, from a process that has no group of its
+        # own: a launch (a DataLoader's workers, a Pool's, torch's compile workers run library code)
+        target = self._target or type(self).run
+        code = getattr(target, "__code__", None)
+        launch = w.rec.enabled and code is not None and is_users(code.co_filename)
+        if not launch or dist_initialized():
+            return original(self)
+        w.state["children"] = w.state.get("children", 0) + 1
+        self._check_ddp_child = True
+        if w.state["children"] - 1 == int(os.environ["LOCAL_RANK"]):  # the child this process stands for
+            w.rec.add(
+                "spawn", how=f"a Process running {getattr(target, '__qualname__', 'its run()')}", at=where()
+            )
+            self.run()
+        return None
+
+    return process_start
+
+
+@watches("multiprocessing.process.BaseProcess", "join", step=8, label="Process.join()")
+def process_join(original, w, name):
+    def process_join(self, timeout=None):
+        return None if getattr(self, "_check_ddp_child", False) else original(self, timeout)
+
+    return process_join
+
+
+def dist_initialized():
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
 
 
 # a crash: the script's own error, where it was raised, and in which watched call; the end
@@ -1110,12 +1368,18 @@ def excepthook(w, previous_hook, kind, error, tb):
     w.rec.add(
         "crash",
         type=kind.__name__,
-        message=str(error).strip()[:400],
+        message=ends(str(error).strip()),
         at=f"{os.path.relpath(users[-1].filename)}:{users[-1].lineno}" if users else None,
+        by_script=bool(frames) and is_users(frames[-1].filename),
         call=call,
         loader=w.state["pass"] and w.state["pass"]["loader"],
     )
     previous_hook(kind, error, tb)
+
+
+def ends(message):
+    """A long error message's beginning and end: a child's traceback ends with its own error."""
+    return message if len(message) <= 1200 else f"{message[:400]}\n...\n{message[-800:]}"
 
 
 def at_exit(w):
@@ -1141,6 +1405,518 @@ def at_exit(w):
         steps=w.state["step"],
         evaluations=w.state["evaluations"],
     )
+
+
+# Launch variables read, and a local rank taken from the command line
+
+
+READ_KEYS = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK")
+# who a process is, as other launchers say it: Open MPI's mpirun, MPICH/Intel MPI's (PMI), SLURM's srun
+OTHER_LAUNCHERS = re.compile(
+    r"OMPI_COMM_WORLD_(LOCAL_)?(RANK|SIZE)|PMI_(RANK|SIZE)|MV2_COMM_WORLD_RANK|SLURM_(PROCID|LOCALID|NTASKS)"
+)
+
+
+@watches("os._Environ", "__getitem__", step=8, label="os.environ[...]")
+def environ_getitem(original, w, _):
+    def environ_getitem(self, key):
+        if (
+            self is os.environ
+            and key not in w.read
+            and (key in READ_KEYS or OTHER_LAUNCHERS.fullmatch(str(key)))
+        ):
+            w.read.add(key)
+            frame = outside_stdlib()
+            by = "script" if frame is not None and is_users(frame.f_code.co_filename) else "library"
+            w.rec.add("read", key=key, by=by, at=where(), found=key in os.environ)
+        return original(self, key)
+
+    return environ_getitem
+
+
+@watches("argparse.ArgumentParser", "parse_known_args", step=8, label="parser.parse_args()")
+def parse_known_args(original, w, _):
+    def parse_known_args(self, args=None, namespace=None):
+        parsed = original(self, args, namespace)
+        given = sys.argv[1:] if args is None else list(args)
+        for action in self._actions:
+            options = [o for o in action.option_strings if re.fullmatch(r"--(local[-_])?rank", o)]
+            frame = outside_stdlib()
+            if options and frame is not None and is_users(frame.f_code.co_filename):
+                w.rec.add(
+                    "arg",
+                    option=options[0],
+                    value=getattr(parsed[0], action.dest, None),
+                    default=action.default,
+                    given=any(a == o or a.startswith(o + "=") for a in given for o in options),
+                    at=where(),
+                )
+        return parsed
+
+    return parse_known_args
+
+
+# -----------------------------------------------------------------------------
+# 2b. the stand-in: CUDA and NCCL on the CPU, so that a GPU script runs unchanged on a laptop
+#
+# Where the job has fewer GPUs than processes (or --cpu), each process is shown the GPUs of its
+# node (as many as its node's processes) and runs on the CPU: a GPU the script asks for becomes the
+# CPU (and is recorded, with the line), nccl becomes gloo, torch.cuda answers as a GPU would as far
+# as training goes. A tensor the script puts "on a GPU" keeps its GPU as a tag, placed() reads it:
+# so the judge knows where the model and the batches would be. These are wrappers of the calls that
+# name a device, not a TorchFunctionMode (as torch.utils._device.DeviceContext is): a mode sees
+# every torch call, and a pass-through one measured +56% a step on a small model here; the calls
+# that name a device cost the same with or without the stand-in.
+
+GPU_TAG = "_check_ddp_gpu"
+
+
+def placed(tensor):
+    """Where a tensor is, for the script: the GPU it asked for under the stand-in, else its device."""
+    index = getattr(tensor, GPU_TAG, None)
+    return f"cuda:{index}" if index is not None else str(tensor.device)
+
+
+def gpu_index(w, device):
+    """The GPU a device names (an int, "cuda", "cuda:1", torch.device), or None if not a GPU."""
+    import torch
+
+    if isinstance(device, int) and not isinstance(device, bool):
+        return device
+    if isinstance(device, str):
+        if not device.startswith("cuda"):
+            return None
+        device = torch.device(device)
+    if isinstance(device, torch.device) and device.type == "cuda":
+        return w.gpu if device.index is None else device.index
+    return None
+
+
+def ask_gpu(w, index, how):
+    """The script asks for a GPU: recorded (once a way and line); one its node lacks fails, as CUDA's
+    own "invalid device ordinal" does."""
+    at = where()
+    if (how, index, at) not in w.asked:
+        w.asked.add((how, index, at))
+        w.rec.add("gpu", how=how, index=index, at=at)
+    if index < 0:
+        raise RuntimeError(f"Device index must not be negative (check_ddp: cuda:{index} asked)")
+    if index >= w.node_gpus:
+        raise RuntimeError(
+            f"CUDA error: invalid device ordinal (check_ddp: cuda:{index} asked, and this node has "
+            f"{w.node_gpus} GPU{'s' if w.node_gpus > 1 else ''}, cuda:0 to cuda:{w.node_gpus - 1})"
+        )
+    return index
+
+
+def on_gpu(tensor, index):
+    setattr(tensor, GPU_TAG, index)
+    return tensor
+
+
+@watches("torch.Tensor", "to", step=2, label="tensor.to()", standin=True)
+def tensor_to(original, w, _):
+    def tensor_to(self, *args, **kwargs):
+        index = None
+        if "device" in kwargs:
+            index = gpu_index(w, kwargs["device"])
+            if index is not None:
+                kwargs["device"] = "cpu"
+        elif args and not hasattr(args[0], "is_floating_point"):  # to(device, ...), not to(dtype)/to(tensor)
+            index = gpu_index(w, args[0])
+            if index is not None:
+                args = ("cpu", *args[1:])
+        elif args and getattr(args[0], GPU_TAG, None) is not None:  # to(other): other's place
+            index = getattr(args[0], GPU_TAG)
+        if index is None:
+            return original(self, *args, **kwargs)
+        ask_gpu(w, index, "to")
+        moved = original(self, *args, **kwargs)
+        if moved is self and getattr(self, GPU_TAG, None) != index:
+            moved = self.clone()  # onto another device, a copy: as on a GPU
+        return on_gpu(moved, index)
+
+    return tensor_to
+
+
+@watches("torch.Tensor", "cuda", step=2, label="tensor.cuda()", standin=True)
+def tensor_cuda(original, w, _):
+    def tensor_cuda(self, device=None, non_blocking=False, memory_format=None):
+        index = ask_gpu(w, w.gpu if device is None else gpu_index(w, device), "cuda")
+        if getattr(self, GPU_TAG, None) == index:
+            return self
+        return on_gpu(self.clone(), index)
+
+    return tensor_cuda
+
+
+@watches("torch.Tensor", "pin_memory", "record_stream", step=2, label="tensor.{name}()", standin=True)
+def tensor_itself(original, w, _):
+    def tensor_itself(self, *args, **kwargs):
+        return self  # page-locked memory and streams are a GPU's; on the CPU, nothing to do
+
+    return tensor_itself
+
+
+@watches("torch.nn.Module", "to", "cuda", step=2, label="model.{name}()", standin=True)
+def module_to(original, w, name):
+    import torch
+
+    def module_to(self, *args, **kwargs):
+        if name == "cuda":
+            device = args[0] if args else kwargs.get("device")
+            index = ask_gpu(w, w.gpu if device is None else gpu_index(w, device), "model.cuda")
+            result = self
+        else:
+            if "device" in kwargs and gpu_index(w, kwargs["device"]) is not None:  # to(device=0): cuda:0
+                index, kwargs = gpu_index(w, kwargs["device"]), {**kwargs, "device": "cpu"}
+            elif args and not hasattr(args[0], "is_floating_point") and gpu_index(w, args[0]) is not None:
+                index, args = gpu_index(w, args[0]), ("cpu", *args[1:])
+            else:
+                return original(self, *args, **kwargs)
+            device, dtype, non_blocking, memory_format = torch._C._nn._parse_to(*args, **kwargs)
+            ask_gpu(w, index, "model.to")
+            rest = {"dtype": dtype} if dtype is not None else {}
+            rest.update({"memory_format": memory_format} if memory_format is not None else {})
+            result = original(self, "cpu", non_blocking=non_blocking, **rest)
+        for tensor in (*self.parameters(), *self.buffers()):
+            on_gpu(tensor, index)
+        if "_check_ddp_placed" not in self.__dict__:  # where its first batch comes from
+            self._check_ddp_placed = True
+            self._check_ddp_inputs = self.register_forward_pre_hook(functools.partial(first_input, w))
+        return result
+
+    return module_to
+
+
+def first_input(w, module, args):
+    """A model on a GPU gets its first batch: where that batch is (on a GPU, both must be on one)."""
+    import torch
+
+    drop_hooks(module)
+    first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    if first is not None:
+        w.rec.add("input", device=placed(first), model=placed(next(module.parameters(), first)), at=where())
+
+
+# the functions that take a device= (torch.utils._device's list, and their *_like and new_* kin)
+FACTORIES = (
+    "empty", "empty_permuted", "empty_strided", "ones", "zeros", "full", "arange", "range", "linspace",
+    "logspace", "eye", "rand", "randn", "randint", "randperm", "tensor", "as_tensor", "asarray",
+    "scalar_tensor", "empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like",
+    "randint_like", "tril_indices", "triu_indices", "sparse_coo_tensor",
+)  # fmt: skip
+
+
+@watches("torch", *FACTORIES, step=2, label="torch.{name}(..., device=)", standin=True)
+@watches(
+    "torch.Tensor", "new_empty", "new_zeros", "new_ones", "new_full", "new_tensor", step=2,
+    label="tensor.{name}(..., device=)", standin=True,
+)  # fmt: skip
+def factory(original, w, name):
+    def factory(*args, **kwargs):
+        index = gpu_index(w, kwargs.get("device"))
+        if index is None:
+            return original(*args, **kwargs)
+        ask_gpu(w, index, name)
+        return on_gpu(original(*args, **{**kwargs, "device": "cpu"}), index)
+
+    return factory
+
+
+@watches("torch", "set_default_device", step=2, label="torch.set_default_device()", standin=True)
+def set_default_device(original, w, _):
+    def set_default_device(device):
+        index = gpu_index(w, device)
+        if index is not None:
+            ask_gpu(w, index, "set_default_device")
+            device = "cpu"
+        return original(device)
+
+    return set_default_device
+
+
+@watches("torch", "load", step=6, label="torch.load()", standin=True)
+def load_on_cpu(original, w, _):
+    def load_on_cpu(f, map_location=None, *args, **kwargs):
+        return original(f, "cpu", *args, **kwargs)  # whatever it names, a GPU's tensors land on the CPU
+
+    return load_on_cpu
+
+
+# torch.cuda, as a node's GPUs would answer
+
+
+class StandInEvent:
+    """torch.cuda.Event(enable_timing=True): record() marks the time, elapsed_time() measures."""
+
+    def __init__(self, enable_timing=False, blocking=False, interprocess=False, external=False):
+        self.time = None
+
+    def record(self, stream=None):
+        self.time = time.perf_counter()
+
+    def elapsed_time(self, end):
+        return (end.time - self.time) * 1000.0
+
+    def synchronize(self):
+        pass
+
+    def query(self):
+        return True
+
+    def wait(self, stream=None):
+        pass
+
+
+class StandInStream:
+    """A CUDA stream: work on the CPU is in order already."""
+
+    def __init__(self, device=None, priority=0, **kwargs):
+        self.device = device
+
+    def synchronize(self):
+        pass
+
+    def wait_stream(self, stream):
+        pass
+
+    def wait_event(self, event):
+        pass
+
+    def record_event(self, event=None):
+        event = event or StandInEvent()
+        event.record()
+        return event
+
+    def query(self):
+        return True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def count_gpus(w):
+    """torch.cuda.device_count(): the node's GPUs. Read, like LOCAL_RANK: a GPU index may come from it."""
+    if "device_count" not in w.read:
+        w.read.add("device_count")
+        w.rec.add("read", key="device_count", by="script", at=where(), found=True)
+    return w.node_gpus
+
+
+def standin_cuda(w):
+    """torch.cuda's functions, as the node's GPUs would answer: (name, function) pairs."""
+    import contextlib
+    import types
+
+    def set_device(device):
+        index = gpu_index(w, device)
+        if index is not None and index >= 0:  # set_device(-1), or a cpu device: nothing, as in torch
+            w.gpu = ask_gpu(w, index, "set_device")
+
+    @contextlib.contextmanager
+    def device(device):
+        before = w.gpu
+        set_device(device)
+        yield
+        w.gpu = before
+
+    def properties(device=None):
+        return types.SimpleNamespace(
+            name="check_ddp stand-in GPU (the CPU)", total_memory=80 * 2**30, major=9, minor=0,
+            multi_processor_count=132, is_integrated=False,
+        )  # fmt: skip
+
+    def zero(*args, **kwargs):
+        return 0
+
+    import torch
+
+    rng_state = torch.zeros(16, dtype=torch.uint8)
+
+    def nothing(*args, **kwargs):
+        return None
+
+    answers = {
+        "is_available": lambda: True,
+        "is_initialized": lambda: True,
+        "device_count": functools.partial(count_gpus, w),
+        "current_device": lambda: w.gpu,
+        "set_device": set_device,
+        "device": device,
+        "synchronize": nothing,
+        "Event": StandInEvent,
+        "Stream": StandInStream,
+        "current_stream": lambda device=None: StandInStream(device),
+        "default_stream": lambda device=None: StandInStream(device),
+        "stream": lambda stream=None: contextlib.nullcontext(),
+        "get_device_name": lambda device=None: properties().name,
+        "get_device_properties": properties,
+        "get_device_capability": lambda device=None: (9, 0),
+        "is_bf16_supported": lambda *a, **k: True,
+        "mem_get_info": lambda device=None: (properties().total_memory, properties().total_memory),
+        "memory_summary": lambda *a, **k: "check_ddp: a stand-in GPU has no memory of its own",
+        "memory_stats": lambda *a, **k: __import__("collections").defaultdict(int),
+        # a GPU's own random generator: torch.compile saves and restores it around its tracing
+        "get_rng_state": lambda *a, **k: rng_state.clone(),
+        "get_rng_state_all": lambda *a, **k: [rng_state.clone()] * w.node_gpus,
+        "set_rng_state": nothing,
+        "set_rng_state_all": nothing,
+        "initial_seed": lambda: 0,
+        "utilization": zero,
+    }
+    for name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved"):
+        answers[name] = zero
+    for name in (
+        "init", "empty_cache", "reset_peak_memory_stats", "reset_max_memory_allocated", "seed", "seed_all",
+        "reset_accumulated_memory_stats", "manual_seed", "manual_seed_all", "set_per_process_memory_fraction",
+        "ipc_collect", "set_sync_debug_mode",
+    ):  # fmt: skip
+        answers[name] = nothing
+    # a function object of its own for each name (torch.compile keeps a rule per torch function, and
+    # refuses one object under two names), which answers torch's own code as this torch would
+    import torch
+
+    return {name: for_the_script(answer, getattr(torch.cuda, name, None)) for name, answer in answers.items()}
+
+
+def for_the_script(stood_in, real):
+    """torch.cuda's function as the script sees it, stood in, and as torch's own code sees it, real:
+    torch.compile, the DataLoader and the rest of torch ask about CUDA to decide what to run, and
+    what they run is the CPU's."""
+
+    @functools.wraps(stood_in)
+    def answer(*args, **kwargs):
+        frame = callers_frame()
+        if real is not None and frame is not None and in_torch(frame.f_code):
+            return real(*args, **kwargs)
+        return stood_in(*args, **kwargs)
+
+    return answer
+
+
+@functools.lru_cache(maxsize=4096)
+def in_torch(code):
+    return bool(TORCH_DIR) and os.path.realpath(code.co_filename).startswith(TORCH_DIR)
+
+
+def autocast_on_cpu(torch):
+    """torch.autocast("cuda", ...) in bfloat16 on the CPU, the CPU's half precision."""
+
+    class autocast(torch.amp.autocast_mode.autocast):
+        def __init__(self, device_type="cuda", dtype=None, enabled=True, cache_enabled=None):
+            if device_type == "cuda":
+                device_type, dtype = "cpu", torch.bfloat16
+            super().__init__(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+
+    return autocast
+
+
+def grad_scaler_on_cpu(torch):
+    """torch.amp.GradScaler("cuda"), torch.cuda.amp.GradScaler(): a scaler that scales, on the CPU."""
+
+    class GradScaler(torch.amp.GradScaler):
+        def __init__(self, device="cuda", *args, **kwargs):
+            super().__init__("cpu" if device == "cuda" else device, *args, **kwargs)
+
+    return GradScaler
+
+
+def cuda_first(cls):
+    """The __init__ of torch.cuda.amp's classes: torch.amp's, for the device "cuda"."""
+
+    def __init__(self, *args, **kwargs):
+        cls.__init__(self, "cuda", *args, **kwargs)
+
+    return __init__
+
+
+def stand_in_for_cuda(w):
+    """torch.cuda, autocast and GradScaler answering as a GPU node would; nccl available."""
+    import torch
+    import torch.distributed as dist
+
+    for name, function in standin_cuda(w).items():
+        setattr(torch.cuda, name, function)
+    for name in ("range_push", "range_pop", "mark"):
+        setattr(torch.cuda.nvtx, name, lambda *a, **k: 0)
+    torch.cuda.nvtx.range = lambda *a, **k: __import__("contextlib").nullcontext()
+    autocast, scaler = autocast_on_cpu(torch), grad_scaler_on_cpu(torch)
+    torch.autocast = torch.amp.autocast = torch.amp.autocast_mode.autocast = autocast
+    torch.amp.GradScaler = torch.amp.grad_scaler.GradScaler = scaler
+    torch.cuda.amp.autocast = type("autocast", (autocast,), {"__init__": cuda_first(autocast)})
+    torch.cuda.amp.GradScaler = type("GradScaler", (scaler,), {"__init__": cuda_first(scaler)})
+    dist.is_nccl_available = lambda: True
+    sync_batchnorm_as_batchnorm(torch)
+    # DataParallel (one process, several GPUs) finds no GPU type, and passes its inputs through, as
+    # torch's own CPU path does
+    torch.nn.parallel.data_parallel._get_available_device_type = lambda: None
+
+
+def sync_batchnorm_as_batchnorm(torch):
+    """SyncBatchNorm, which shares its batch statistics between GPUs, computes them on the CPU as
+    BatchNorm does, on the rank's own batch; DDP accepts it (its check that SyncBatchNorm is on GPUs
+    reads torch.nn.modules.SyncBatchNorm, which no layer is then)."""
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    torch.nn.SyncBatchNorm.forward = _BatchNorm.forward
+    torch.nn.modules.SyncBatchNorm = type("SyncBatchNormOnGPUs", (), {})
+
+
+@watches("torch.distributed", "init_process_group", step=1, label="init_process_group()", standin=True)
+def init_on_gloo(original, w, _):
+    signature = inspect.signature(original)
+
+    def init_on_gloo(*args, **kwargs):
+        given = signature.bind_partial(*args, **kwargs).arguments
+        device_id = given.pop("device_id", None)
+        if device_id is not None and gpu_index(w, device_id) is not None:
+            ask_gpu(w, gpu_index(w, device_id), "device_id")
+        backend = given.get("backend")
+        if backend is None or "nccl" in str(backend).lower():
+            given["backend"] = "gloo"  # nccl moves tensors between GPUs; gloo, between CPUs
+        return original(**given)
+
+    return init_on_gloo
+
+
+@watches("torch.distributed", "new_group", step=1, label="dist.new_group()", standin=True)
+def new_group_on_gloo(original, w, _):
+    def new_group_on_gloo(*args, **kwargs):
+        if "nccl" in str(kwargs.get("backend", "")).lower():
+            kwargs["backend"] = "gloo"
+        return original(*args, **kwargs)
+
+    return new_group_on_gloo
+
+
+@watches("torch.distributed", "barrier", step=5, label="dist.barrier()", standin=True)
+def barrier_on_gloo(original, w, _):
+    def barrier_on_gloo(*args, device_ids=None, **kwargs):
+        for index in device_ids or ():
+            ask_gpu(w, gpu_index(w, index), "barrier")
+        return original(*args, **kwargs)
+
+    return barrier_on_gloo
+
+
+@watches("torch.nn.parallel.DistributedDataParallel", "__init__", step=4, label="DDP(...)", standin=True)
+def ddp_on_cpu(original, w, _):
+    signature = inspect.signature(original)
+
+    def ddp_on_cpu(self, *args, **kwargs):
+        given = signature.bind_partial(self, *args, **kwargs).arguments
+        for key in ("device_ids", "output_device"):
+            asked = given.pop(key, None)
+            for device in asked if isinstance(asked, (list, tuple)) else [asked]:
+                if gpu_index(w, device) is not None:
+                    ask_gpu(w, gpu_index(w, device), key)
+        return original(**given)
+
+    return ddp_on_cpu
 
 
 # -----------------------------------------------------------------------------
@@ -1225,8 +2001,23 @@ def judge(job):
             lines.append(line)
             facts.explained |= line.explains
     if facts.crash is not None and "crash" not in facts.explained:
-        line = finding(RULES["DDP000"], RULES["DDP000"].check(facts), step=crash_step(facts, facts.crash[1]))
+        step = crash_step(facts, facts.crash[1])
+        if facts.standin and needs_gpu(facts.crash[1]):  # what the stand-in cannot run: not a mistake
+            e = facts.crash[1]
+            line = Line(
+                step,
+                "--",
+                f"not checked: needs a GPU at {facts.code(e['at'])}: {e['type']}: {short(e['message'])}",
+            )
+        else:
+            line = finding(RULES["DDP000"], RULES["DDP000"].check(facts), step=step)
         lines = [old for old in lines if old.step != line.step] + [line]
+    if (job.hung or job.stuck_at_exit) and not any(line.verdict == "FAIL" for line in lines):
+        # a job the check had to stop is never a pass: where each rank was, under step 5's rule
+        lines = [old for old in lines if old.step != 5]
+        lines.append(
+            finding(RULES["DDP504"], Found(f"the check stopped the job: {facts.where_each_waits()}"))
+        )
     return sorted(lines, key=lambda line: line.step)
 
 
@@ -1278,6 +2069,38 @@ class Facts:
         self.explained = frozenset()  # what the lines so far account for: "crash", "hang"
 
     @functools.cached_property
+    def starts(self):
+        return {r: e for r, e in self.job.records("start")}
+
+    def local_rank(self, rank):
+        return self.starts[rank]["local_rank"]
+
+    @functools.cached_property
+    def standin(self):
+        """Whether CUDA and NCCL were stood in on the CPU."""
+        return any(e.get("standin") for e in self.starts.values())
+
+    @functools.cached_property
+    def asked_nccl(self):
+        return any("nccl" in e["backend"].lower() for _, e in self.job.records("init"))
+
+    @functools.cached_property
+    def on_gpus(self):
+        """Whether the script runs on GPUs: on real ones, or asked for under the stand-in."""
+        if self.job.device == "cuda":
+            return True
+        return bool(self.job.records("gpu")) or self.asked_nccl
+
+    @functools.cached_property
+    def model_devices(self):
+        """Each rank's DDP model's devices, as the script placed them (stood in: the GPU it asked for)."""
+        return {r: e["devices"] for r, e in self.job.records("ddp")}
+
+    def read(self, key):
+        """Whether any rank read the launch variable key (the script, or a library for it)."""
+        return any(e["key"] == key and e["found"] for _, e in self.job.records("read"))
+
+    @functools.cached_property
     def world(self):
         return max((e["world_size"] for _, e in self.job.records("start")), default=0)
 
@@ -1303,9 +2126,11 @@ class Facts:
             current = {}
             for e in events:
                 if e["e"] == "loader":
-                    loaders.setdefault(e["id"], {"made": {}, "passes": {}, "data": {}, "training": False})
+                    new = {"made": {}, "passes": {}, "data": {}, "training": False, "evaluating": False}
+                    loaders.setdefault(e["id"], new)
                     loaders[e["id"]]["made"][rank] = e
                 elif e["e"] == "pass" and e["loader"] in loaders:
+                    loaders[e["loader"]]["evaluating"] |= not e["grad"] or e["eval"]
                     passes = loaders[e["loader"]]["passes"].setdefault(rank, [])
                     passes.append([])
                     current[e["loader"]] = passes[-1]
@@ -1336,6 +2161,12 @@ class Facts:
         return sorted(r for r, (c, _, _) in self.waiting.items() if c == call)
 
     @functools.cached_property
+    def init_failed(self):
+        """What of the job's end init_process_group() accounts for: its crash, ranks waiting in it."""
+        crashed = self.crash is not None and self.crash[1].get("call") == INIT
+        return ("crash",) * crashed + ("hang",) * self.never_met
+
+    @functools.cached_property
     def never_met(self):
         """The job hung with ranks still in init_process_group(): they never all met."""
         waiting = self.waiting_in(INIT)
@@ -1346,21 +2177,28 @@ class Facts:
         or of a rank that lost its peers; None. Asked at step 5, once step 1 has said whether it
         explains a hang (the ranks never met)."""
         job = self.job
+        if job.records("spawn"):
+            return None  # processes of the script's own: step 8's
         if job.hung and job.records("met") and "hang" not in self.explained:
-            parts = []
-            for rank in sorted(job.ranks):
-                call, at, _ = self.waiting.get(rank, (None, None, []))
-                what = CALLS[call].label if call in CALLS else "its own code"
-                if call == BACKWARD and job.records("ddp"):
-                    what = "backward(), DDP's gradient all-reduce"
-                parts.append(
-                    f"rank {rank} waits in {what} at {self.code(at)}" if at else f"rank {rank}: not known"
-                )
-            return f"the job stopped making progress ({job.silence:g} s without any): " + "; ".join(parts)
+            return (
+                f"the job stopped making progress ({job.silence:g} s without any): {self.where_each_waits()}"
+            )
         if self.crash and COMMUNICATION_ERROR.search(self.crash[1]["message"]) and self.cause(hang=False):
             rank, e = self.crash
             return f"rank {rank} lost its peers at {self.code(e['at'])} ({short(e['message'])})"
         return None
+
+    def where_each_waits(self):
+        parts = []
+        for rank in sorted(self.job.ranks):
+            call, at, _ = self.waiting.get(rank, (None, None, []))
+            what = CALLS[call].label if call in CALLS else "its own code"
+            if call == BACKWARD and self.job.records("ddp"):
+                what = "backward(), DDP's gradient all-reduce"
+            parts.append(
+                f"rank {rank} waits in {what} at {self.code(at)}" if at else f"rank {rank}: not known"
+            )
+        return "; ".join(parts) or "no rank started"
 
     def cause(self, hang=True):
         """Why the ranks fell out of step, seen from what each did: (code of the rule, the cause as
@@ -1410,6 +2248,11 @@ class Facts:
         return ""
 
     @functools.cached_property
+    def reloads_wrapped(self):
+        """Where the script loads module.-prefixed weights into a DDP model, if it does."""
+        return next((e["at"] for _, e in self.job.records("load_state") if e["ddp"] and e["prefixed"]), None)
+
+    @functools.cached_property
     def renamed(self):
         """Files written under one name, then renamed into place: the name each ended under."""
         return {
@@ -1418,9 +2261,13 @@ class Facts:
 
     @functools.cached_property
     def evaluation(self):
-        """The evaluation loaders (passes over them, no optimizer step on their batches), by id."""
+        """The evaluation loaders, by id: passed over, no optimizer step on their batches, and a model
+        evaluating over them (gradients off, or the DDP model in eval mode). A loop over a loader
+        with no model, or none evaluating, is not an evaluation."""
         return {
-            i: loader for i, loader in self.loaders.items() if not loader["training"] and loader["passes"]
+            i: loader
+            for i, loader in self.loaders.items()
+            if not loader["training"] and loader["passes"] and loader["evaluating"]
         }
 
     @functools.cached_property
@@ -1504,23 +2351,76 @@ COMMUNICATION_ERROR = re.compile(
 
 
 def crash_step(facts, event):
-    """The step a rank was in when it failed: an evaluation loop's, the watched call's, or how far
-    the job got."""
-    job = facts.job
-    if event.get("loader") in facts.loaders and not facts.loaders[event["loader"]]["training"]:
+    """The step a rank was in when it failed: an evaluation loop's, the watched call's, or what it
+    was doing (crash_phase)."""
+    if event.get("loader") in facts.evaluation:
         return 10  # in an evaluation loop
     if event.get("call") in CALLS:
         return CALLS[event["call"]].step
-    if not job.records("met"):
-        return 1
-    return 5 if job.records("ddp") else 3
+    return crash_phase(facts, facts.crash[0])[1]
+
+
+# what a rank was doing, told by the last of its records before an error: (words, the call that
+# tells it, step)
+PHASES = {
+    "load": ("while resuming", "torch.load()", 6),
+    "load_state": ("while resuming", "load_state_dict()", 6),
+    "save": ("while saving", "torch.save()", 6),
+    "eval": ("while evaluating", "a forward without gradients", 10),
+    "step": ("while training", None, 4),
+    "ddp": ("before training", "DDP(...)", 4),
+    "met": ("after the group was made, before DDP wrapped the model", None, 3),
+}
+
+
+def crash_phase(facts, rank):
+    """What the rank was doing when it failed, from its last telling record: (words, step); the
+    words name the call that tells it where it is not the line that failed."""
+    crash = facts.crash[1] if facts.crash and facts.crash[0] == rank else {}
+    for e in reversed(facts.job.ranks.get(rank, [])):
+        if e["e"] == "pass" and e["loader"] in facts.evaluation:
+            return "while evaluating", 10
+        if e["e"] in PHASES:
+            words, call, step = PHASES[e["e"]]
+            if call and e.get("at") and e["at"] != crash.get("at"):
+                words += f" (after {call} at {e['at']})"
+            return words, step
+    return "before the process group was made", 8
+
+
+def needs_gpu(event):
+    """An error from code that needs a real GPU (torch's, a CUDA extension's, Triton's), not the
+    script's own check of what it was given."""
+    return bool(
+        event
+        and not event["by_script"]
+        and re.search(r"CUDA|NVIDIA|NCCL|nccl|cuda|GPU|[Tt]riton", f"{event['type']}: {event['message']}")
+        and "SyncBatchNorm" not in event["message"]
+        and not re.search(r"out of memory", event["message"])
+    )
 
 
 def short(message):
-    """An error's first sentence, without the C++ source locations torch puts in front."""
+    """An error's first sentence, without the C++ source locations torch puts in front; for an
+    error that carries another process's traceback (mp.spawn's), that process's own error."""
     message = re.sub(r"\[[^\]]*\.(cc|cpp|h|hpp):\d+\]\s*", "", message or "").strip()
-    first = message.splitlines()[0] if message else ""
+    lines = [line for line in message.splitlines() if line.strip()]
+    if "Traceback (most recent call last)" in message:
+        lines = [line.strip() for line in lines if not line.startswith((" ", "\t"))][-1:]
+    first = lines[0] if lines else ""
+    if first.endswith(":") and len(lines) > 1:  # "Error(s) in loading state_dict for Net:", and what
+        first += " " + lines[1].strip()
     return first if len(first) <= 160 else first[:157] + "..."
+
+
+def inner_place(message, job):
+    """The script's own file:line that raised, in a traceback carried inside an error, if any."""
+    found = None
+    for path, line in re.findall(r'File "([^"]+)", line (\d+)', message or ""):
+        relative = os.path.relpath(path, job.cwd)
+        if job.source(relative) is not None and not relative.startswith(".."):
+            found = f"{relative}:{line}"
+    return found
 
 
 def ranks_text(ranks):
@@ -1654,7 +2554,8 @@ def init_method_elsewhere(f):
     if inits and inits[0][1]["init_method"] not in (None, "env://"):
         e = inits[0][1]
         return Found(
-            f"{f.code(e['at'])} passes init_method={e['init_method']!r}: not where torchrun's job meets"
+            f"{f.code(e['at'])} passes init_method={e['init_method']!r}: not where torchrun's job meets",
+            explains=f.init_failed,
         )
     return None
 
@@ -1676,6 +2577,7 @@ def rank_passed_wrong(f):
                     f"{f.code(e['at'])} passes {key}={value} on rank {r}, but torchrun made it "
                     f"{key.upper()}={env.get(key.upper())}",
                     help=f"leave {key}= out: init_process_group() reads {key.upper()} from torchrun",
+                    explains=f.init_failed,
                 )
     return None
 
@@ -1714,7 +2616,12 @@ def step_1_summary(f):
     if len(met) < len(job.ranks) or not met:
         return "--", "not checked: the job stopped before every rank had joined the group"
     seconds = max(m["seconds"] for _, m in met)
-    return "ok", f"{len(met)} ranks met ({met[0][1]['backend']}) at {inits[0][1]['at']}, in {seconds:.1f} s"
+    backend = met[0][1]["backend"]
+    if backend == "undefined":  # no backend given: torch's default, one per device type
+        backend = "the default backend: gloo on CPUs, nccl on GPUs"
+    if f.asked_nccl and f.standin:
+        backend = f"{inits[0][1]['backend']}, stood in by {backend}"
+    return "ok", f"{len(met)} ranks met ({backend}) at {inits[0][1]['at']}, in {seconds:.1f} s"
 
 
 # DDP step 2: place each process on its device
@@ -1753,26 +2660,116 @@ def model_on_another_gpu(f):
     GPU share its memory and its time, and nccl refuses them. Set the device from LOCAL_RANK,
     move the model there, and give DDP device_ids=[local_rank].
     """
-    if f.job.device != "cuda":
-        return None
-    starts = {r: e for r, e in f.job.records("start")}
-    devices = {r: e["devices"] for r, e in f.job.records("ddp")}
-    wrong = {r: d for r, d in devices.items() if d != [f"cuda:{starts[r]['local_rank']}"]}
-    if wrong:
+    wrong = {
+        r: d
+        for r, d in f.model_devices.items()
+        if d[0].startswith("cuda") and d != [f"cuda:{f.local_rank(r)}"]
+    }
+    if wrong and f.on_gpus:
         r, d = sorted(wrong.items())[0]
-        return Found(f"rank {r} (LOCAL_RANK {starts[r]['local_rank']}) has its model on {', '.join(d)}")
+        return Found(f"rank {r} (LOCAL_RANK {f.local_rank(r)}) has its model on {', '.join(d)}")
+    return None
+
+
+@rule(
+    "DDP203",
+    "FAIL",
+    help="take the GPU from LOCAL_RANK: local_rank = int(os.environ['LOCAL_RANK']); "
+    "torch.cuda.set_device(local_rank); model.to(local_rank)",
+)
+def one_gpu_for_a_node(f):
+    """The processes of a node would all use one GPU: the GPU index does not come from LOCAL_RANK.
+
+    torchrun starts a process per GPU of a node, and tells each its number on the node in
+    LOCAL_RANK. A script that uses cuda:0, .cuda() with no device set, or a local rank it never
+    gets from torchrun (--local_rank, which torchrun does not pass), puts every process of a
+    node on GPU 0: they share its memory, and nccl refuses two ranks on one GPU. Here either two
+    ranks of one node had their models on one GPU, or every rank used GPU 0 and none read
+    LOCAL_RANK.
+    """
+    if not f.on_gpus:
+        return None
+    by_gpu = {}
+    for r, d in f.model_devices.items():
+        by_gpu.setdefault((f.starts[r]["node"], d[0]), []).append(r)
+    shared = sorted(
+        (ranks, key) for key, ranks in by_gpu.items() if len(ranks) > 1 and key[1].startswith("cuda")
+    )
+    if shared:
+        ranks, (node, gpu) = shared[0]
+        return Found(f"{ranks_text(ranks)}, on node {node}, have their models on one GPU, {gpu}")
+    devices = {d[0] for d in f.model_devices.values()}
+    from_node = f.read("LOCAL_RANK") or f.read("device_count")  # rank % torch.cuda.device_count() is fine
+    if len(f.model_devices) == f.world > 1 and devices == {"cuda:0"} and not from_node:
+        where_asked = next((e["at"] for _, e in f.job.records("gpu") if e["at"]), None)
+        return Found(
+            f"every rank has its model on cuda:0 ({f.code(where_asked) if where_asked else 'no GPU named'}), "
+            "and no rank read LOCAL_RANK: on a node of several GPUs, its processes would all use GPU 0"
+        )
+    return None
+
+
+@rule(
+    "DDP204",
+    "FAIL",
+    help="move the model to its GPU before wrapping it: model.to(torch.device('cuda', local_rank))",
+)
+def model_left_on_cpu(f):
+    """The model is on the CPU while the backend is nccl: on GPUs, DDP(...) fails.
+
+    nccl exchanges tensors between GPUs only. A model never moved to its GPU keeps its
+    parameters on the CPU, and DDP's first broadcast of them fails (or, moved later by hand,
+    trains at CPU speed). Move the model to the process's GPU, then wrap it.
+    """
+    if f.standin and f.asked_nccl:
+        on_cpu = sorted(r for r, d in f.model_devices.items() if d == ["cpu"])
+        if on_cpu:
+            at = f.job.records("ddp", rank=on_cpu[0])[0][1]["at"]
+            return Found(
+                f"{ranks_text(on_cpu)} wrapped a model whose parameters are on the CPU (DDP at "
+                f"{f.code(at)}), and the backend is nccl"
+            )
+    return None
+
+
+@rule(
+    "DDP205",
+    "FAIL",
+    help="move each batch to the model's GPU (x = x.to(device)), or give DDP device_ids=[local_rank], "
+    "which moves its inputs",
+)
+def batches_left_on_cpu(f):
+    """The batches reach the model on the CPU while the model is on a GPU: on GPUs, forward() fails.
+
+    A layer's weights and its input must be on one device. With device_ids, DDP moves its inputs
+    to the model's GPU itself; without DDP, or without device_ids, they reach the model where
+    they are, and on a GPU the first layer fails. Move each batch to the model's GPU.
+    """
+    if not f.standin:
+        return None
+    for r, e in f.job.records("input"):
+        ddp = f.job.records("ddp", rank=r)
+        if e["device"] == "cpu" and e["model"].startswith("cuda") and not (ddp and ddp[0][1]["device_ids"]):
+            wrapped = f", and DDP(...) at {f.code(ddp[0][1]['at'])} has no device_ids" if ddp else ""
+            return Found(
+                f"rank {r}'s batches reach the model on the CPU ({f.code(e['at'])}) while the model is on "
+                f"{e['model']}{wrapped}"
+            )
     return None
 
 
 @summary(2)
 def step_2_summary(f):
-    if f.job.device != "cuda":
+    if not f.on_gpus:
+        if f.job.device == "cuda" or f.standin:
+            return "--", "not checked: the script runs on the CPU (no GPU asked for)"
         return "--", "not checked: no GPU here"
-    devices = {r: e["devices"] for r, e in f.job.records("ddp")}
-    if not devices:
+    if not f.model_devices:
         return "--", "not checked: no model was wrapped in DDP"
-    return "ok", "each rank's model is on the GPU of its LOCAL_RANK: " + ", ".join(
-        f"rank {r} on {d[0]}" for r, d in sorted(devices.items())
+    stood_in = " (stood in)" if f.standin else ""
+    return "ok", f"each rank's model is on the GPU of its LOCAL_RANK{stood_in}: " + ", ".join(
+        f"rank {r} on {d[0]}" + (f" of node {f.starts[r]['node']}" if f.job.nnodes > 1 else "")
+        for r, d in sorted(f.model_devices.items())
     )
 
 
@@ -1986,7 +2983,9 @@ def step_3_summary(f):
             continue
         some = next(iter(loader["made"].values()))
         orders = passes[min(passes)]
-        longest = max(map(len, orders))
+        longest = max(map(len, orders), default=0)
+        if not longest:
+            continue  # passes whose indices the check did not see
         how = "DistributedSampler" if some["distributed"] else some["sampler"]
         detail = f"{how}: disjoint shards of {longest} samples a rank"
         if some["length"]:
@@ -2023,25 +3022,6 @@ def unused_parameter(f):
             f"rank {rank}: a parameter got no gradient in the last step, so DDP's all-reduce never "
             f"finished ({f.code(e['at'])}): a parameter forward() does not use"
         )
-    return None
-
-
-@rule(
-    "DDP402",
-    "FAIL",
-    explains=("crash",),
-    help="convert to SyncBatchNorm only where the model is on GPUs: "
-    "if device.type == 'cuda': model = nn.SyncBatchNorm.convert_sync_batchnorm(model)",
-)
-def sync_batchnorm_on_cpu(f):
-    """SyncBatchNorm ran on a CPU, where it does not work.
-
-    SyncBatchNorm all-reduces batch statistics across ranks in forward(), and only on GPUs; on
-    a CPU it raises. Convert to SyncBatchNorm only when the model runs on GPUs.
-    """
-    if f.crashed_with("SyncBatchNorm"):
-        rank, e = f.crash
-        return Found(f"rank {rank}: {f.code(e['at'])}: {short(e['message'])}")
     return None
 
 
@@ -2263,7 +3243,9 @@ def host_sync_every_step(f):
     job = f.job
     steps = job.records("step", rank=min(job.ranks)) if job.ranks else []
     n = len(steps)
-    if n < 8:
+    # more than once an epoch, where the epochs are known (the training loader's passes); else 8 steps
+    epochs = sum(len(whole_passes(loader).get(min(job.ranks), [])) for loader in f.training_loaders.values())
+    if n < (max(3, epochs + 1) if epochs else 8):
         return None
     sites = {}
     for _, e in job.records("coll", rank=min(job.ranks)):
@@ -2301,7 +3283,15 @@ def metrics_not_reduced(f):
     all-reduce is an estimate from 1/N of the data. Sum (loss x samples, samples) on each rank,
     all-reduce the sums, and divide.
     """
-    if f.job.records("step") and f.world > 1 and not reduced_sites(f):
+    job = f.job
+    if not job.ranks:
+        return None
+    epochs = len(
+        [e for _, e in job.records("pass", rank=min(job.ranks)) if e["loader"] in f.training_loaders]
+    )
+    if (f.crash or job.hung) and epochs < 2:
+        return None  # stopped before an epoch's end, where the sums would be all-reduced: no evidence
+    if job.records("step") and f.world > 1 and not reduced_sites(f):
         return Found("no metric is all-reduced: what rank 0 reports is its own shard's")
     return None
 
@@ -2347,14 +3337,17 @@ def unsafe_load(f):
 @rule(
     "DDP602",
     "FAIL",
-    help="save on one rank: if dist.get_rank() == 0: torch.save(...), with no collective inside",
+    help="save on global rank 0 alone: if dist.get_rank() == 0: torch.save(...) (a test of LOCAL_RANK is "
+    "true once per node), with no collective inside",
 )
 def every_rank_saves(f):
-    """Every rank saves the same checkpoint file, at once.
+    """Several processes save the same checkpoint file at once: every rank, or one per node.
 
-    The replicas are equal, so one copy is all there is to save; N processes writing one file
-    at the same moment may leave it torn, and on a shared folder they contend for it. Save on
-    rank 0 alone (and keep any collective outside that block).
+    The replicas are equal, so one copy is all there is to save; processes writing one file at
+    the same moment may leave it torn, and on a shared folder they contend for it. A save under
+    `if local_rank == 0:` runs once per node: on one machine it looks right, on two it is two
+    writers. Save on global rank 0 alone, dist.get_rank() == 0 (and keep any collective outside
+    that block).
     """
     by_path = {}
     for rank, e in f.job.records("save"):
@@ -2362,26 +3355,62 @@ def every_rank_saves(f):
     for path, savers in sorted(by_path.items(), key=lambda item: str(item[0])):
         if path and len(savers) > 1:
             e = next(iter(savers.values()))
+            nodes = {f.starts[r]["node"] for r in savers}
+            if (
+                len(nodes) == len(savers)
+                and {f.local_rank(r) for r in savers} == {0}
+                and len(savers) < f.world
+            ):
+                who = f"{ranks_text(savers)}, local rank 0 of each node,"
+            elif len(nodes) == len(savers) == f.job.nnodes > 1:
+                who = f"{ranks_text(savers)}, one on each node,"
+            else:
+                who = f"{ranks_text(savers)} {both(savers)}"
             return Found(
-                f"{ranks_text(savers)} {both(savers)} saved {f.job.relpath(path)} at {f.code(e['at'])}: "
-                "every rank writes the same file, at once"
+                f"{who} saved {f.job.relpath(path)} at {f.code(e['at'])}: several processes write the same "
+                "file at once (on a shared folder, one per node at the least)"
             )
     return None
 
 
-@rule("DDP603", "FAIL", see="wrapped_state_dict", help="save model.module.state_dict(), the model DDP wraps")
+@rule("DDP603", "warn", see="wrapped_state_dict", help="save model.module.state_dict(), the model DDP wraps")
 def wrapped_state_dict(f):
     """The checkpoint holds the DDP wrapper's state_dict(): every key starts with module.
 
     DDP keeps the model as its attribute module, so its state_dict() prefixes every key with
-    "module.". Only a DDP-wrapped model loads that: the baseline, an evaluation script, or a run
-    with another world size fails with missing and unexpected keys. Save model.module.state_dict().
+    "module.". Only a DDP-wrapped model loads that: the baseline, an evaluation script, a
+    single-GPU run fail with missing and unexpected keys. (If the script itself loads it into a
+    bare model, that load fails, and the report shows the error.) Save model.module.state_dict().
     """
     for _, e in f.job.records("save"):
-        if e["what"]["module_prefix"]:
+        if e["what"]["module_prefix"] and not f.reloads_wrapped:
             return Found(
                 f"the model keys saved at {f.code(e['at'])} start with module.: the state_dict() of the DDP "
                 "wrapper, which only a DDP model loads"
+            )
+    return None
+
+
+@rule(
+    "DDP608",
+    "warn",
+    see="wrapped_state_dict",
+    help="save model.module.state_dict(), and load it into model.module (or before wrapping): then any "
+    "script and any world size loads it",
+)
+def wrapped_state_dict_reloaded(f):
+    """The checkpoint holds module. keys, which the script loads back into its DDP model: for it alone.
+
+    The script saves the DDP wrapper's state_dict() and loads it into a DDP model again, so its
+    own resume works. Nothing else can load the file as it is: the baseline, an evaluation
+    script, the bare model. Save and load model.module's state instead.
+    """
+    for _, e in f.job.records("save"):
+        if e["what"]["module_prefix"] and f.reloads_wrapped:
+            at = f.reloads_wrapped
+            return Found(
+                f"the model keys saved at {f.code(e['at'])} start with module., and the script loads them "
+                f"back into its DDP model at {f.code(at)}: its own resume works, nothing else loads the file"
             )
     return None
 
@@ -2478,16 +3507,17 @@ def step_6_summary(f):
 
 @rule(
     "DDP701",
-    "warn",
+    "FAIL",
     help="on gloo, torch 2.13 can hang as a process frees its DDP model (pytorch/pytorch#190489); else "
     "something still runs as Python exits (a thread, a worker pool): end it",
 )
 def stuck_at_exit(f):
-    """Every rank finished its script, but a process did not end.
+    """Every rank finished its script, but a process did not end: the job never ends by itself.
 
     Something still ran as Python exited: a thread that is not a daemon, a worker pool never
     closed, or, on gloo with torch 2.13, the DDP model freed during shutdown
-    (pytorch/pytorch#190489; gc.collect() after training avoids it).
+    (pytorch/pytorch#190489; gc.collect() after training avoids it). A job that does not end
+    holds its GPUs until something kills it, and a job the check had to stop is never a pass.
     """
     job = f.job
     if not job.stuck_at_exit:
@@ -2543,74 +3573,125 @@ def step_7_summary(f):
 @rule(
     "DDP801",
     "FAIL",
-    explains=("crash",),
-    help="drop mp.spawn: run the training function once, reading RANK, LOCAL_RANK and WORLD_SIZE from the "
-    "environment torchrun makes; launch with torchrun",
+    explains=("hang",),
+    help="drop the launch in the script (mp.spawn, mp.Process): run the training function once, reading "
+    "RANK, LOCAL_RANK and WORLD_SIZE from the environment torchrun makes; launch with torchrun",
 )
 def starts_own_processes(f):
-    """The script starts its own processes (mp.spawn) under torchrun.
+    """The script starts its own processes (mp.spawn, mp.Process) under torchrun.
 
-    torchrun already starts one process per GPU. A script that spawns its own from each of them
+    torchrun already starts one process per GPU. A script that starts its own from each of them
     makes N x N processes for a world of N, each group of which tries to meet on its own: they
     hang, or fight over the port. Run the training function once per process, reading who it
-    is from the environment torchrun made.
+    is from the environment torchrun made. (The check starts no processes: each of torchrun's
+    runs the one child it stands for, child LOCAL_RANK, in itself; the other steps report what
+    that child did.)
     """
-    spawns = f.job.records("spawn")
-    if spawns:
+    for _, e in f.job.records("spawn"):
         return Found(
-            f"{f.code(spawns[0][1]['at'])} starts its own processes: under torchrun each of the "
-            f"{len(f.job.ranks)} processes is already one of the job's, and would start a job of its own"
+            f"{f.code(e['at'])} starts its own processes ({e['how']}): under torchrun each of the "
+            f"{len(f.job.ranks)} processes is already one of the job's, and would start a job of its own "
+            "(the check ran in each the one child it stands for)"
         )
     return None
 
 
 @rule(
-    "DDP802",
+    "DDP805",
     "FAIL",
     explains=("crash",),
-    help='pick the backend from the device: "nccl" if torch.cuda.is_available() else "gloo"',
+    help="read who the process is from the environment: local_rank = int(os.environ['LOCAL_RANK']) (the old "
+    "torch.distributed.launch passed --local_rank; torchrun sets LOCAL_RANK, RANK and WORLD_SIZE)",
 )
-def nccl_without_gpu(f):
-    """The script asks for nccl, and this machine has no GPU.
+def rank_from_arguments(f):
+    """The script numbers its processes itself (--local_rank, --rank, its own settings), not as torchrun does.
 
-    nccl moves tensors between GPUs only. On a machine without GPUs the group cannot be made.
-    Pick the backend from the device: nccl on GPUs, gloo on CPUs.
+    The old launcher, torch.distributed.launch, passed --local_rank=N to each process; torchrun
+    sets LOCAL_RANK, RANK and WORLD_SIZE in the environment instead, and passes nothing. A
+    --local_rank option keeps its default in every process (all on one GPU, or all believing
+    they are the node's first); a --rank on the command line, or a rank the script works out
+    from settings of its own (node rank x GPUs + GPU), is the same in every process: all claim
+    one rank. Read who the process is from the environment.
     """
-    if f.job.device == "cpu":
-        for _, e in f.job.records("init"):
-            if "nccl" in e["backend"].lower():
-                return Found(f"{f.code(e['at'])} needs a GPU (nccl), and this machine has none")
+    records = f.job.records("arg")
+    local = [(r, e) for r, e in records if "local" in e["option"] and not e["given"]]
+    if local and len({r for r, _ in local}) == len(f.job.ranks) and not f.read("LOCAL_RANK"):
+        e = local[0][1]
+        return Found(
+            f"{f.code(e['at'])} reads {e['option']}, which torchrun does not pass: every rank got its "
+            f"default, {e['default']!r}, and no rank read LOCAL_RANK"
+        )
+    # ranks numbered by the script: several passed one rank= to init_process_group()
+    inits = {r: e for r, e in f.job.records("init") if e["rank"] not in (None, -1)}
+    values = {e["rank"] for e in inits.values()}
+    if len(inits) > 1 and len(values) == 1:
+        value, e = values.pop(), next(iter(inits.values()))
+        option = next((a for _, a in records if "local" not in a["option"] and a["value"] == value), None)
+        source = f" takes the rank from {option['option']}:" if option else ":"
+        return Found(
+            f"{f.code((option or e)['at'])}{source} {ranks_text(inits)} all passed rank={value!r} to "
+            "init_process_group(), where torchrun numbers its processes in RANK",
+            explains=("crash", "hang"),
+        )
     return None
 
 
-def needs_gpu(event):
-    return bool(
-        event
-        and re.search(r"CUDA|NVIDIA|NCCL|nccl|cuda|GPU", event["message"])
-        and "SyncBatchNorm" not in event["message"]
-        and not re.search(r"out of memory", event["message"])
+@rule(
+    "DDP807",
+    "FAIL",
+    help="read who the process is from torchrun's variables: RANK, LOCAL_RANK, WORLD_SIZE (or support both "
+    "launchers: try torchrun's first)",
+)
+def rank_from_another_launcher(f):
+    """The script looks for who it is in another launcher's variables (mpirun's, srun's), not torchrun's.
+
+    Open MPI's mpirun sets OMPI_COMM_WORLD_RANK, SLURM's srun sets SLURM_PROCID; torchrun sets
+    RANK, LOCAL_RANK and WORLD_SIZE. A script that reads only the others finds nothing under
+    torchrun: it stops, or (behind a try/except) carries on as a job of one in every process.
+    """
+    reads = f.job.records("read")
+    if any(e["key"] in ("RANK", "LOCAL_RANK") and e["found"] and e["by"] == "script" for _, e in reads):
+        return None
+    missing = [
+        e
+        for _, e in f.job.records("read")
+        if e["by"] == "script" and not e["found"] and e["key"] not in READ_KEYS
+    ]
+    if missing:
+        e = missing[0]
+        what = (
+            e["key"].replace("import ", "imports ")
+            if e["key"].startswith("import ")
+            else f"looks for {e['key']}"
+        )
+        return Found(
+            f"{f.code(e['at'])} {what}, which another launcher provides (mpirun, srun) and torchrun does "
+            "not: the script never read torchrun's RANK or LOCAL_RANK",
+            explains=("crash",),
+        )
+    return None
+
+
+@rule(
+    "DDP806",
+    "FAIL",
+    explains=("hang",),
+    help="find what the waiting rank waits for (the line above); the job's output may say more",
+)
+def hung_before_the_group(f):
+    """The job stopped making progress before any rank made its process group.
+
+    No rank reached init_process_group(): the script waits for something before it (a file, a
+    lock, a process of its own, input on the terminal), and the check stopped it after --silence
+    seconds. A job the check had to stop is never a pass. The report says where each rank was.
+    """
+    job = f.job
+    if not job.hung or job.records("init") or "hang" in f.explained:
+        return None
+    return Found(
+        f"the job stopped making progress ({job.silence:g} s without any) before any rank called "
+        f"init_process_group(): {f.where_each_waits()}"
     )
-
-
-@rule(
-    "DDP803",
-    "FAIL",
-    explains=("crash",),
-    help="choose the device from what there is: torch.device('cuda', local_rank) if "
-    "torch.cuda.is_available() else torch.device('cpu'), and gloo on a CPU",
-)
-def cuda_without_gpu(f):
-    """The script needs a GPU, and this machine has none.
-
-    A CUDA call (torch.cuda.set_device, .cuda(), a cuda device) fails where there is no GPU.
-    Choose the device from what there is, so that the script also runs on a CPU.
-    """
-    if f.job.device == "cpu" and f.crash and needs_gpu(f.crash[1]):
-        e = f.crash[1]
-        return Found(
-            f"{f.code(e['at'])} needs a GPU, and this machine has none: {e['type']}: {short(e['message'])}"
-        )
-    return None
 
 
 def script_said(job):
@@ -2652,6 +3733,11 @@ def stopped_before_training(f):
 
 @summary(8)
 def step_8_summary(f):
+    if f.job.records("env"):
+        return (
+            "ok",
+            f"torchrun ran it, {len(f.job.ranks)} processes, but the script overrides what it set (step 1)",
+        )
     return "ok", f"torchrun ran it as written, {len(f.job.ranks)} processes"
 
 
@@ -2744,10 +3830,66 @@ def evaluated_alone(f):
     alone = sorted(r for r, n in through_ddp.items() if n)
     if len(through_ddp) == f.world > 1 and len(alone) == 1:
         return Found(
-            f"rank {alone[0]} alone evaluated ({through_ddp[alone[0]]} forwards without gradients through "
-            "the DDP model, none on the other ranks): its held-out number is an estimate from its own "
-            "batches, not the held-out set"
+            f"rank {alone[0]} alone evaluated ({through_ddp[alone[0]]} forwards without gradients, none on "
+            "the other ranks): its held-out number is an estimate from its own batches, not the held-out set"
         )
+    return None
+
+
+@rule(
+    "DDP1005",
+    "warn",
+    help="give each rank its shard of the held-out set (rank r: samples r, r + N, ...), and all-reduce "
+    "(sum, count): the same number, N times faster",
+)
+def every_rank_evaluates_everything(f):
+    """Every rank evaluated the whole held-out set: exact, and N times the work for nothing.
+
+    The number is right, but each of the N processes computes it all: the evaluation takes as
+    long as on one process, and N - 1 of them throw their result away. Give each rank its shard
+    and all-reduce the sums.
+    """
+    if not crashed_in_evaluation(f) and f.evaluated and f.evaluated[0] == "all":
+        _, _, at, union, _ = f.evaluated
+        return Found(
+            f"every rank evaluated all {union} held-out samples (DataLoader at {f.code(at)}): exact, and "
+            f"{f.world} times the work"
+        )
+    return None
+
+
+@rule(
+    "DDP1006",
+    "warn",
+    see="metrics",
+    help="all-reduce the held-out sums (loss x samples, samples) after evaluating, before dividing; or give "
+    "each rank its shard of a held-out DataLoader",
+)
+def evaluation_by_hand_not_reduced(f):
+    """Every rank evaluated batches of its own, drawn without a DataLoader, and no collective followed.
+
+    Each rank's held-out loss is a mean over the batches it drew: an estimate, different on
+    every rank, and rank 0 reports its own. All-reduce the sums before dividing, so that the
+    number is the mean over every rank's batches.
+    """
+    if f.evaluation or f.world < 2:
+        return None
+    bursts = {r for r, _ in f.job.records("eval")}
+    if len(bursts) < f.world:
+        return None
+    rank = min(f.job.ranks)
+    pending = None
+    for e in f.job.ranks[rank]:
+        if e["e"] == "eval":
+            pending = pending or e
+        elif e["e"] == "coll" and e["name"] in REDUCING:
+            pending = None
+        elif e["e"] in ("step", "exit") and pending:
+            return Found(
+                f"every rank evaluated batches of its own without a DataLoader (forwards without gradients "
+                f"from {f.code(pending['at'])}), and no collective followed: each rank's held-out number is "
+                "its own batches'"
+            )
     return None
 
 
@@ -2804,11 +3946,6 @@ def step_10_summary(f):
     if crashed_in_evaluation(f) or not f.evaluated:
         return None  # no evaluation; or the script's own error in it, reported as such in this step
     how, _, at, union, _ = f.evaluated
-    if how == "all":
-        return "ok", (
-            f"every rank evaluated all {union} held-out samples (DataLoader at {at}): exact, and "
-            f"{f.world} times the work"
-        )
     return (
         "ok",
         f"each rank evaluated its own shard, then all-reduced: {union} held-out samples, each once "
@@ -2835,7 +3972,9 @@ def crashed(f):
     """
     rank, event = f.crash
     error = f"{event['type']}: {short(event['message'])}"
-    return Found(f"rank {rank} stopped with an error at {f.code(event['at'])}: {error}")
+    at = inner_place(event["message"], f.job) or event["at"]
+    doing = crash_phase(f, rank)[0] if event.get("loader") not in f.evaluation else "while evaluating"
+    return Found(f"rank {rank} stopped with an error {doing}, at {f.code(at)}: {error}")
 
 
 # -----------------------------------------------------------------------------
@@ -2859,12 +3998,23 @@ def see(line):
     return f"{pitfall}; {explanation}" if pitfall else explanation
 
 
+def how_it_ran(job):
+    """2 processes as 2 nodes of 1, GPU script stood in on the CPU: cuda -> cpu, nccl -> gloo."""
+    n = len(job.ranks) or job.nproc
+    processes = plural(n, "process").replace("processs", "processes")
+    if job.nnodes > 1:
+        processes += f" as {job.nnodes} nodes of {n // job.nnodes}"
+    if job.device == "cuda":
+        return f"{processes}, GPUs"
+    asked = job.records("gpu") or any("nccl" in e["backend"].lower() for _, e in job.records("init"))
+    return f"{processes}, " + (
+        "GPU script stood in on the CPU: cuda -> cpu, nccl -> gloo" if asked else "CPU"
+    )
+
+
 def report(job, lines):
     width = 100
-    out = [
-        f"check_ddp: {' '.join(job.command)}  ({len(job.ranks) or job.nproc} processes, "
-        f"{'GPUs, nccl' if job.device == 'cuda' else 'CPU, gloo'}; {job.seconds:.1f} s)"
-    ]
+    out = [f"check_ddp: {' '.join(job.command)}  ({how_it_ran(job)}; {job.seconds:.1f} s)"]
     for line in lines:
         head = f"step {line.step:<2} {line.verdict:<5} "
         indent = " " * len(head)

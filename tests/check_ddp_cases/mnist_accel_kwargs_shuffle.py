@@ -1,4 +1,4 @@
-# check_ddp: exit 0, gpu: FAIL step 3
+# check_ddp: exit 1, FAIL step 3 DDP000
 """Digit classification on synthetic 12x12 images, in the style of pytorch/examples mnist/main.py,
 converted to DDP: a plain main(), an argparse whose help states the defaults, a flat loop.
 
@@ -7,7 +7,8 @@ converted to DDP: a plain main(), an argparse whose help states the defaults, a 
 
 Mistake: as in pytorch/examples mnist, the loader options used on a GPU (cuda_kwargs) include
 shuffle=True; next to sampler=DistributedSampler(...) the DataLoader refuses them ("sampler option is
-mutually exclusive with shuffle"), so the script runs on a CPU and fails at once on a GPU machine.
+mutually exclusive with shuffle"), so the script runs on a CPU and fails at once on a GPU machine (and
+under check_ddp's stand-in for a GPU).
 """
 
 import argparse

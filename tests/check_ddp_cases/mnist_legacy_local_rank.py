@@ -1,4 +1,4 @@
-# check_ddp: exit 0, gpu: FAIL step 2
+# check_ddp: exit 1, FAIL step 2 DDP203, FAIL step 8 DDP805
 """Digit classification on synthetic 12x12 images, in the style of pytorch/examples mnist/main.py,
 converted to DDP: a plain main(), an argparse whose help states the defaults, a flat loop.
 
@@ -6,7 +6,8 @@ converted to DDP: a plain main(), an argparse whose help states the defaults, a 
     torchrun --standalone --nproc_per_node=2 mnist_legacy_local_rank.py --epochs 2 --no-save-model
 
 Mistake: the GPU comes from a --local_rank flag, as torch.distributed.launch once passed it; torchrun
-never passes it, so every process takes the default, 0: all of them on cuda:0 (on a CPU, nothing shows).
+never passes it, so every process takes the default, 0: all of them on cuda:0 (run on a CPU, nothing
+shows; check_ddp's stand-in for GPUs takes the CUDA branch, and sees it).
 """
 
 import argparse

@@ -3,10 +3,10 @@
 A tiny character-level GPT on a synthetic token stream, written like nanoGPT's train.py: one flat
 file, config globals, one code path for 1 or N processes, batches drawn without a DataLoader.
 
-To run on a single process:
+To run on a single GPU (on the CPU: --device=cpu):
 $ python nanogpt_master_only_eval.py --max_iters=20
 
-To run with DDP on 2 processes on 1 node:
+To run with DDP on 2 GPUs on 1 node:
 $ torchrun --standalone --nproc_per_node=2 nanogpt_master_only_eval.py
 
 Mistake: as in nanoGPT, the loss is estimated by the master process alone, on eval_iters random
@@ -50,6 +50,10 @@ beta2 = 0.95
 grad_clip = 1.0
 warmup_iters = 10
 min_lr = 1e-3
+# DDP settings
+backend = "nccl"  # 'nccl', 'gloo', etc.
+# system
+device = "cuda"  # examples: 'cpu', 'cuda', 'cuda:0', 'cuda:1' etc.
 # -----------------------------------------------------------------------------
 config_keys = [
     k for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, bool, str))
@@ -64,14 +68,12 @@ config = {k: globals()[k] for k in config_keys}  # will be useful for logging
 # various inits, derived attributes, I/O setup
 ddp = int(os.environ.get("RANK", -1)) != -1  # is this a ddp run?
 if ddp:
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
     init_process_group(backend=backend)
     ddp_rank = int(os.environ["RANK"])
     ddp_local_rank = int(os.environ["LOCAL_RANK"])
     ddp_world_size = int(os.environ["WORLD_SIZE"])
-    device = f"cuda:{ddp_local_rank}" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda"):
-        torch.cuda.set_device(device)
+    device = f"cuda:{ddp_local_rank}"
+    torch.cuda.set_device(device)
     master_process = ddp_rank == 0  # this process will do logging, checkpointing etc.
     seed_offset = ddp_rank  # each process gets a different seed
     # world_size number of processes will be training simultaneously, so we can scale
@@ -84,7 +86,6 @@ else:
     seed_offset = 0
     ddp_rank = 0
     ddp_world_size = 1
-    device = "cuda" if torch.cuda.is_available() else "cpu"
 
 if master_process:
     os.makedirs(out_dir, exist_ok=True)
@@ -100,6 +101,7 @@ _stream[_noise] = torch.randint(vocab_size, (int(_noise.sum()),), generator=_g)
 train_data, val_data = _stream[:18000], _stream[18000:]
 
 torch.manual_seed(1337 + seed_offset)
+device_type = "cuda" if "cuda" in device else "cpu"  # for later use in get_batch
 
 
 # poor man's data loader
@@ -108,7 +110,12 @@ def get_batch(split):
     ix = torch.randint(len(data) - block_size, (batch_size,))
     x = torch.stack([data[i : i + block_size] for i in ix])
     y = torch.stack([data[i + 1 : i + 1 + block_size] for i in ix])
-    return x.to(device), y.to(device)
+    if device_type == "cuda":
+        # pin arrays x,y, which allows us to move them to GPU asynchronously (non_blocking=True)
+        x, y = x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+    else:
+        x, y = x.to(device), y.to(device)
+    return x, y
 
 
 # -----------------------------------------------------------------------------
@@ -179,7 +186,7 @@ optimizer = torch.optim.AdamW(
 
 # wrap model into DDP container
 if ddp:
-    model = DDP(model, device_ids=[ddp_local_rank] if device.startswith("cuda") else None)
+    model = DDP(model, device_ids=[ddp_local_rank])
 
 
 # helps estimate an arbitrarily accurate loss over the val split using many batches

@@ -64,11 +64,9 @@ def init_distributed_mode(args):
         return
 
     args.distributed = True
-    if torch.cuda.is_available():
-        torch.cuda.set_device(args.gpu)
-        args.dist_backend = "nccl"
-    else:
-        args.dist_backend = "gloo"
+
+    torch.cuda.set_device(args.gpu)
+    args.dist_backend = "nccl"
     print(f"| distributed init (rank {args.rank}): {args.dist_url}", flush=True)
     dist.init_process_group(
         backend=args.dist_backend, init_method=args.dist_url, world_size=args.world_size, rank=args.rank
@@ -90,11 +88,11 @@ class SmoothedValue:
         self.count += n
         self.total += value * n
 
-    def synchronize_between_processes(self, device):
+    def synchronize_between_processes(self):
         """Warning: does not synchronize the deque!"""
         if not is_dist_avail_and_initialized():
             return
-        t = torch.tensor([self.count, self.total], dtype=torch.float64, device=device)
+        t = torch.tensor([self.count, self.total], dtype=torch.float64, device="cuda")
         dist.barrier()
         dist.all_reduce(t)
         t = t.tolist()
@@ -115,9 +113,9 @@ class MetricLogger:
         for k, v in kwargs.items():
             self.meters[k].update(v.item() if isinstance(v, torch.Tensor) else v, n=n)
 
-    def synchronize_between_processes(self, device):
+    def synchronize_between_processes(self):
         for meter in self.meters.values():
-            meter.synchronize_between_processes(device)
+            meter.synchronize_between_processes()
 
     def __str__(self):
         return self.delimiter.join(f"{name}: {meter.global_avg:.4f}" for name, meter in self.meters.items())
@@ -142,7 +140,7 @@ def train_one_epoch(model, criterion, optimizer, data_loader, device, epoch):
         loss.backward()
         optimizer.step()
         metric_logger.update(loss=loss.item(), n=image.shape[0])
-    metric_logger.synchronize_between_processes(device)
+    metric_logger.synchronize_between_processes()
     print(f"Epoch: [{epoch}]  {metric_logger}")
 
 
@@ -158,7 +156,7 @@ def evaluate(model, criterion, data_loader, device):
             batch_size = image.shape[0]
             metric_logger.update(loss=loss.item(), n=batch_size)
             metric_logger.meters["acc1"].update(acc1.item(), n=batch_size)
-    metric_logger.synchronize_between_processes(device)
+    metric_logger.synchronize_between_processes()
     num_processed_samples = metric_logger.meters["acc1"].count
     if num_processed_samples != len(data_loader.dataset):
         print(
@@ -172,11 +170,7 @@ def evaluate(model, criterion, data_loader, device):
 def main(args):
     init_distributed_mode(args)
     print(args)
-    device = (
-        torch.device("cuda", args.gpu)
-        if torch.cuda.is_available() and args.distributed
-        else torch.device("cpu")
-    )
+    device = torch.device(args.device)
 
     dataset, dataset_test = make_dataset(2000, seed=0), make_dataset(500, seed=1)
     if args.distributed:
@@ -196,9 +190,7 @@ def main(args):
 
     model_without_ddp = model
     if args.distributed:
-        model = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[args.gpu] if device.type == "cuda" else None
-        )
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[args.gpu])
         model_without_ddp = model.module
 
     print("Start training")
@@ -227,6 +219,7 @@ def main(args):
 
 def get_args_parser():
     parser = argparse.ArgumentParser(description="PyTorch Classification Training", add_help=True)
+    parser.add_argument("--device", default="cuda", type=str, help="device (Use cuda or cpu Default: cuda)")
     parser.add_argument("-b", "--batch-size", default=32, type=int, help="images per gpu (default: 32)")
     parser.add_argument("--epochs", default=3, type=int, help="number of total epochs to run (default: 3)")
     parser.add_argument("--lr", default=0.1, type=float, help="initial learning rate (default: 0.1)")

@@ -99,11 +99,9 @@ def main(config: JobConfig):
 
     # 1. init distributed
     local_rank = int(os.environ["LOCAL_RANK"])
-    device_type = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(f"{device_type}:{local_rank}" if device_type == "cuda" else "cpu")
-    if device_type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
+    device = torch.device("cuda", local_rank)
+    torch.cuda.set_device(device)
+    dist.init_process_group(backend="nccl", device_id=device)
     rank, world_size = dist.get_rank(), dist.get_world_size()
     logger.info(f"rank {rank}/{world_size} on {device}")
 
@@ -118,7 +116,7 @@ def main(config: JobConfig):
     # 3. build model, on its device, wrapped for data parallel
     torch.manual_seed(config.job.seed)
     model = build_model().to(device)
-    model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None)
+    model = DDP(model, device_ids=[local_rank])
 
     # 4. build optimizer and loss
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.training.lr)

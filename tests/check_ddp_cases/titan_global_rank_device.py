@@ -1,4 +1,4 @@
-# check_ddp: exit 1, FAIL step 8 DDP803, gpu: FAIL step 2
+# check_ddp: exit 1, FAIL step 2 DDP201, gpu: exit 0
 """Train a small classifier the way torchtitan's train.py reads: main() as a list of numbered steps,
 one config dataclass, gradient accumulation with no_sync(), an exact evaluation, ckpt.pt at the end,
 reloaded by every rank.
@@ -6,9 +6,9 @@ reloaded by every rank.
     torchrun --standalone --nproc_per_node=2 titan_global_rank_device.py
     torchrun --standalone --nproc_per_node=2 titan_global_rank_device.py --training.epochs 2
 
-Mistake: the device is chosen by the global rank, torch.device("cuda", RANK) and device_ids=[rank],
-on CUDA only: on a CPU machine it cannot start, and on the second node of a multi-node job it asks for
-GPUs that node does not have.
+Mistake: the device is chosen by the global rank, torch.device("cuda", RANK) and device_ids=[rank], not
+by LOCAL_RANK: on one node the two are the same, but on the second node of a multi-node job the script
+asks for GPUs that node does not have (rank 4 of 2 x 4 GPUs for cuda:4).
 """
 
 import argparse
@@ -102,7 +102,7 @@ def main(config: JobConfig):
     rank = int(os.environ["RANK"])
     device = torch.device("cuda", rank)
     torch.cuda.set_device(device)  # check_ddp: here
-    dist.init_process_group(backend="nccl")
+    dist.init_process_group(backend="nccl", device_id=device)
     rank, world_size = dist.get_rank(), dist.get_world_size()
     logger.info(f"rank {rank}/{world_size} on {device}")
 

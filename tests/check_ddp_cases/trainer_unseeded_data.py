@@ -34,11 +34,8 @@ class MyTrainDataset(Dataset):
 
 
 def ddp_setup():
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-        init_process_group(backend="nccl")
-    else:
-        init_process_group(backend="gloo")
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    init_process_group(backend="nccl")
 
 
 class Trainer:
@@ -51,8 +48,7 @@ class Trainer:
         snapshot_path: str,
     ) -> None:
         self.gpu_id = int(os.environ["LOCAL_RANK"])
-        self.device = torch.device("cuda", self.gpu_id) if torch.cuda.is_available() else torch.device("cpu")
-        self.model = model.to(self.device)
+        self.model = model.to(self.gpu_id)
         self.train_data = train_data
         self.optimizer = optimizer
         self.save_every = save_every
@@ -62,10 +58,11 @@ class Trainer:
             print("Loading snapshot")
             self._load_snapshot(snapshot_path)
 
-        self.model = DDP(self.model, device_ids=[self.gpu_id] if self.device.type == "cuda" else None)
+        self.model = DDP(self.model, device_ids=[self.gpu_id])
 
     def _load_snapshot(self, snapshot_path):
-        snapshot = torch.load(snapshot_path, map_location=self.device)
+        loc = f"cuda:{self.gpu_id}"
+        snapshot = torch.load(snapshot_path, map_location=loc)
         self.model.load_state_dict(snapshot["MODEL_STATE"])
         self.optimizer.load_state_dict(snapshot["OPTIMIZER_STATE"])
         self.epochs_run = snapshot["EPOCHS_RUN"]
@@ -83,12 +80,12 @@ class Trainer:
         b_sz = len(next(iter(self.train_data))[0])
         print(f"[GPU{self.gpu_id}] Epoch {epoch} | Batchsize: {b_sz} | Steps: {len(self.train_data)}")
         self.train_data.sampler.set_epoch(epoch)
-        totals = torch.zeros(2, device=self.device)
+        totals = torch.zeros(2, device=self.gpu_id)
         for source, targets in self.train_data:
-            source = source.to(self.device)
-            targets = targets.to(self.device)
+            source = source.to(self.gpu_id)
+            targets = targets.to(self.gpu_id)
             loss = self._run_batch(source, targets)
-            totals += torch.stack([loss * len(source), torch.tensor(len(source), device=self.device)])
+            totals += torch.stack([loss * len(source), torch.tensor(len(source), device=self.gpu_id)])
         all_reduce(totals, op=ReduceOp.SUM)
         if get_rank() == 0:
             print(f"Epoch {epoch} | loss {(totals[0] / totals[1]).item():.4f}")
@@ -122,7 +119,7 @@ def prepare_dataloader(dataset: Dataset, batch_size: int):
     return DataLoader(
         dataset,
         batch_size=batch_size,
-        pin_memory=torch.cuda.is_available(),
+        pin_memory=True,
         shuffle=False,
         sampler=DistributedSampler(dataset),
     )
