@@ -2042,10 +2042,8 @@ def finding(rule, found, step=None):
 def explain(code):
     """--explain: every code with its one-line summary; --explain CODE: that rule's page."""
     if not code:
-        rows = [
-            f"{r.code:<8} step {r.step or '-':<3} {r.verdict:<5} {r.doc.splitlines()[0]}"
-            for r in RULES.values()
-        ]
+        rules = sorted(RULES.values(), key=lambda r: (r.step or 99, int(r.code[3:])))  # by step, then code
+        rows = [f"{r.code:<8} step {r.step or '-':<3} {r.verdict:<5} {r.doc.splitlines()[0]}" for r in rules]
         return "\n".join(
             ["The findings of check_ddp.py (python check_ddp.py --explain CODE explains one):", *rows]
         )
@@ -2174,8 +2172,8 @@ class Facts:
 
     def stall(self):
         """How the ranks fell out of step, if they did: the text of a hang (where each rank waits),
-        or of a rank that lost its peers; None. Asked at step 5, once step 1 has said whether it
-        explains a hang (the ranks never met)."""
+        or of a rank that lost its peers; None. Asked by the rules after step 1, once step 1 has said
+        whether it explains a hang (the ranks never met)."""
         job = self.job
         if job.records("spawn"):
             return None  # processes of the script's own: step 8's
@@ -2210,12 +2208,12 @@ class Facts:
                     reached = f"{CALLS[call].label} at {at}" + (
                         f", called from {line}," if line != at else ""
                     )
-                    return "DDP501", f"{reached} is inside `{condition}`: only some ranks reach it"
+                    return "DDP609", f"{reached} is inside `{condition}`: only some ranks reach it"
         if not self.job.records("join"):
             for loader in self.loaders.values():
                 batches = {r: e["batches"] for r, e in loader["made"].items() if e["batches"] is not None}
                 if loader["training"] and len(set(batches.values())) > 1:
-                    return "DDP502", (
+                    return "DDP307", (
                         "the ranks have different numbers of batches an epoch ("
                         + ", ".join(f"rank {r}: {n}" for r, n in sorted(batches.items()))
                         + f", DataLoader at {next(iter(loader['made'].values()))['at']}): uneven inputs, and "
@@ -2223,10 +2221,20 @@ class Facts:
                     )
         steps = {r: len([e for e in events if e["e"] == "step"]) for r, events in self.job.ranks.items()}
         if len(set(steps.values())) > 1:
-            return "DDP503", (
+            return "DDP1007", (
                 "the ranks left the training loop at different steps ("
                 + ", ".join(f"rank {r}: {c}" for r, c in sorted(steps.items()))
                 + ")"
+            )
+        epochs = {  # a rank that went on began a pass over the training data that another did not
+            r: len([e for e in events if e["e"] == "pass" and e["loader"] in self.training_loaders])
+            for r, events in self.job.ranks.items()
+        }
+        if len(set(epochs.values())) > 1:
+            return "DDP1007", (
+                "the ranks left the training loop in different epochs ("
+                + ", ".join(f"rank {r}: {plural(c, 'pass')}" for r, c in sorted(epochs.items()))
+                + " over the training data)"
             )
         return None
 
@@ -2290,6 +2298,23 @@ class Facts:
                 return "unreduced", i, at, len(union), 0
             return ("padded" if total > len(union) else "exact"), i, at, len(union), total - len(union)
         return None
+
+    @functools.cached_property
+    def evaluated_by_hand(self):
+        """Every rank evaluated without a DataLoader (forwards without gradients): (where the first
+        run of them began, whether a reducing collective followed each run before the next step or
+        the end), on the lowest rank; None if not every rank did, or an evaluation loader is there."""
+        if self.evaluation or self.world < 2 or len({r for r, _ in self.job.records("eval")}) < self.world:
+            return None
+        first, pending = None, None
+        for e in self.job.ranks[min(self.job.ranks)]:
+            if e["e"] == "eval":
+                first, pending = first or e["at"], pending or e
+            elif e["e"] == "coll" and e["name"] in REDUCING:
+                pending = None
+            elif e["e"] in ("step", "exit") and pending:
+                return pending["at"], False
+        return first, True
 
     def reduced_after_passes(self, loader):
         """Whether, on the lowest rank, a reducing collective follows each pass over loader before
@@ -2440,7 +2465,7 @@ def by_line(at):
 
 
 def plural(n, word):
-    return f"{n} {word}" + ("" if n == 1 else "s")
+    return f"{n} {word}" + ("" if n == 1 else "es" if word.endswith("s") else "s")
 
 
 # The rules of each step, in the order they are tried. A rule's docstring is its explanation
@@ -2622,6 +2647,92 @@ def step_1_summary(f):
     if f.asked_nccl and f.standin:
         backend = f"{inits[0][1]['backend']}, stood in by {backend}"
     return "ok", f"{len(met)} ranks met ({backend}) at {inits[0][1]['at']}, in {seconds:.1f} s"
+
+
+# Ranks that fall out of step: the job hangs, or a rank loses its peers. Each cause is filed under
+# the step the README teaches it in (a collective in a rank-only block: 6; uneven inputs: 3; an early
+# stop each rank decides alone: 10), a cause the records do not show under step 5. Tried first in
+# their steps: a hang explains what else looks wrong.
+
+
+def out_of_step(f, code):
+    """The finding of a rule about ranks falling out of step, when the cause is its own."""
+    stall = f.stall()
+    if stall is None:
+        return None
+    hang = f.job.hung and "hang" not in f.explained
+    cause = f.cause(hang=hang)
+    if (cause[0] if cause else "DDP504") != code:
+        return None
+    if hang:
+        return Found(stall + (f". {cause[1]}" if cause else ""))
+    return Found(f"{stall}. {cause[1]}", explains=("crash",))
+
+
+@rule(
+    "DDP609",
+    "FAIL",
+    see="rank_zero_collective",
+    help="take the collective out of the rank-only block: every rank must call it",
+)
+def collective_in_rank_block(f):
+    """A collective inside a rank-only block (if rank == 0:): the other ranks never reach it.
+
+    A collective (all_reduce, barrier, broadcast, and DDP's own, in forward and backward)
+    returns only once every rank has called it. Called inside `if rank == 0:`, it waits forever
+    for ranks that took the other branch; they meanwhile wait in their next collective. Take
+    the collective out of the block: every rank calls it, and only the writing stays on rank 0.
+    """
+    return out_of_step(f, "DDP609")
+
+
+@rule(
+    "DDP307",
+    "FAIL",
+    see="uneven",
+    help="give every rank as many batches: DistributedSampler (it pads, or drops with drop_last=True), or "
+    "run the loop inside torch.distributed.algorithms.join.Join([model])",
+)
+def uneven_inputs(f):
+    """Uneven inputs: the ranks have different numbers of batches an epoch, and DDP waits for the first done.
+
+    Every backward() through DDP all-reduces with every rank. A rank with fewer batches leaves
+    the loop first; the others wait in their next all-reduce for a rank that never comes (or,
+    on gloo, fail on mismatched sizes). Give every rank as many batches (DistributedSampler pads
+    or drops to make them equal), or train inside Join([model]), which lets ranks finish apart.
+    """
+    return out_of_step(f, "DDP307")
+
+
+@rule(
+    "DDP1007",
+    "FAIL",
+    see="early_stop",
+    help="decide to stop from values every rank has (all-reduce the metric first), so that all stop together",
+)
+def left_loop_apart(f):
+    """The ranks left the training loop at different steps (an early stop decided by each rank alone).
+
+    A decision to stop taken from a rank's own loss, a time limit, or a local counter, differs
+    between ranks: one leaves, the others wait in their next collective. Decide from values
+    every rank has, all-reduced, so that all stop at the same step.
+    """
+    return out_of_step(f, "DDP1007")
+
+
+@rule(
+    "DDP504",
+    "FAIL",
+    see="rank_zero_collective",
+    help="every rank must reach the same collectives, in the same order",
+)
+def stopped_making_progress(f):
+    """The job stopped making progress after its ranks met, for a reason the records do not show.
+
+    The report names where each rank waits. Most often a rank waits in a collective that another
+    rank never reaches, or reaches in a different order.
+    """
+    return out_of_step(f, "DDP504")
 
 
 # DDP step 2: place each process on its device
@@ -3143,87 +3254,7 @@ def step_4_summary(f):
     )
 
 
-# DDP step 5: all-reduce the metrics (and the ranks falling out of step, which a collective shows)
-
-
-def out_of_step(f, code):
-    """The finding of a rule about ranks falling out of step, when the cause is its own."""
-    stall = f.stall()
-    if stall is None:
-        return None
-    hang = f.job.hung and "hang" not in f.explained
-    cause = f.cause(hang=hang)
-    if (cause[0] if cause else "DDP504") != code:
-        return None
-    if hang:
-        return Found(stall + (f". {cause[1]}" if cause else ""))
-    return Found(f"{stall}. {cause[1]}", explains=("crash",))
-
-
-@rule(
-    "DDP501",
-    "FAIL",
-    see="rank_zero_collective",
-    help="take the collective out of the rank-only block: every rank must call it",
-)
-def collective_in_rank_block(f):
-    """A collective inside a rank-only block (if rank == 0:): the other ranks never reach it.
-
-    A collective (all_reduce, barrier, broadcast, and DDP's own, in forward and backward)
-    returns only once every rank has called it. Called inside `if rank == 0:`, it waits forever
-    for ranks that took the other branch; they meanwhile wait in their next collective. Take
-    the collective out of the block: every rank calls it, and only the writing stays on rank 0.
-    """
-    return out_of_step(f, "DDP501")
-
-
-@rule(
-    "DDP502",
-    "FAIL",
-    see="uneven",
-    help="give every rank as many batches: DistributedSampler (it pads, or drops with drop_last=True), or "
-    "run the loop inside torch.distributed.algorithms.join.Join([model])",
-)
-def uneven_inputs(f):
-    """Uneven inputs: the ranks have different numbers of batches an epoch, and DDP waits for the first done.
-
-    Every backward() through DDP all-reduces with every rank. A rank with fewer batches leaves
-    the loop first; the others wait in their next all-reduce for a rank that never comes (or,
-    on gloo, fail on mismatched sizes). Give every rank as many batches (DistributedSampler pads
-    or drops to make them equal), or train inside Join([model]), which lets ranks finish apart.
-    """
-    return out_of_step(f, "DDP502")
-
-
-@rule(
-    "DDP503",
-    "FAIL",
-    see="early_stop",
-    help="decide to stop from values every rank has (all-reduce the metric first), so that all stop together",
-)
-def left_loop_apart(f):
-    """The ranks left the training loop at different steps (an early stop decided by each rank alone).
-
-    A decision to stop taken from a rank's own loss, a time limit, or a local counter, differs
-    between ranks: one leaves, the others wait in their next collective. Decide from values
-    every rank has, all-reduced, so that all stop at the same step.
-    """
-    return out_of_step(f, "DDP503")
-
-
-@rule(
-    "DDP504",
-    "FAIL",
-    see="rank_zero_collective",
-    help="every rank must reach the same collectives, in the same order",
-)
-def stopped_making_progress(f):
-    """The job stopped making progress after its ranks met, for a reason the records do not show.
-
-    The report names where each rank waits. Most often a rank waits in a collective that another
-    rank never reaches, or reaches in a different order.
-    """
-    return out_of_step(f, "DDP504")
+# DDP step 5: all-reduce the metrics
 
 
 @rule(
@@ -3673,6 +3704,31 @@ def rank_from_another_launcher(f):
 
 
 @rule(
+    "DDP808",
+    "FAIL",
+    help="read who each process is from torchrun: dist.init_process_group() reads RANK and WORLD_SIZE, "
+    "and LOCAL_RANK picks the GPU",
+)
+def never_asks_who_it_is(f):
+    """No process asked torchrun who it is: N copies of the same job, each unaware of the others.
+
+    torchrun starts N processes and tells each its RANK, LOCAL_RANK and WORLD_SIZE. A script that
+    reads none of them, and makes no process group (which would read them), runs the whole job
+    in every process: N times the work, N checkpoints written over each other. Read them, or let
+    init_process_group() read them.
+    """
+    job = f.job
+    if len(job.ranks) < 2 or job.records("init") or not job.records("step") or job.records("spawn"):
+        return None
+    if any(e["key"] in ("RANK", "LOCAL_RANK", "WORLD_SIZE") and e["found"] for _, e in job.records("read")):
+        return None
+    return Found(
+        f"none of the {len(job.ranks)} processes read RANK, LOCAL_RANK or WORLD_SIZE, nor made a process "
+        "group: each ran the whole job as if alone"
+    )
+
+
+@rule(
     "DDP806",
     "FAIL",
     explains=("hang",),
@@ -3872,24 +3928,13 @@ def evaluation_by_hand_not_reduced(f):
     every rank, and rank 0 reports its own. All-reduce the sums before dividing, so that the
     number is the mean over every rank's batches.
     """
-    if f.evaluation or f.world < 2:
-        return None
-    bursts = {r for r, _ in f.job.records("eval")}
-    if len(bursts) < f.world:
-        return None
-    rank = min(f.job.ranks)
-    pending = None
-    for e in f.job.ranks[rank]:
-        if e["e"] == "eval":
-            pending = pending or e
-        elif e["e"] == "coll" and e["name"] in REDUCING:
-            pending = None
-        elif e["e"] in ("step", "exit") and pending:
-            return Found(
-                f"every rank evaluated batches of its own without a DataLoader (forwards without gradients "
-                f"from {f.code(pending['at'])}), and no collective followed: each rank's held-out number is "
-                "its own batches'"
-            )
+    by_hand = f.evaluated_by_hand
+    if by_hand and not by_hand[1]:
+        return Found(
+            f"every rank evaluated batches of its own without a DataLoader (forwards without gradients "
+            f"from {f.code(by_hand[0])}), and no collective followed: each rank's held-out number is its "
+            "own batches'"
+        )
     return None
 
 
@@ -3943,6 +3988,10 @@ def evaluation_padded(f):
 
 @summary(10)
 def step_10_summary(f):
+    if f.evaluated_by_hand and f.evaluated_by_hand[1]:
+        return "ok", (
+            f"each rank evaluated without a DataLoader (from {f.evaluated_by_hand[0]}), then all-reduced"
+        )
     if crashed_in_evaluation(f) or not f.evaluated:
         return None  # no evaluation; or the script's own error in it, reported as such in this step
     how, _, at, union, _ = f.evaluated
@@ -4001,7 +4050,7 @@ def see(line):
 def how_it_ran(job):
     """2 processes as 2 nodes of 1, GPU script stood in on the CPU: cuda -> cpu, nccl -> gloo."""
     n = len(job.ranks) or job.nproc
-    processes = plural(n, "process").replace("processs", "processes")
+    processes = plural(n, "process")
     if job.nnodes > 1:
         processes += f" as {job.nnodes} nodes of {n // job.nnodes}"
     if job.device == "cuda":

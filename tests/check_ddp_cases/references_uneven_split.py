@@ -1,4 +1,4 @@
-# check_ddp: exit 1, FAIL step 5 DDP502
+# check_ddp: exit 1, FAIL step 3 DDP307
 """Classification on synthetic data in the style of torchvision's references/classification (and DETR,
 DeiT, MAE that copy it): init_distributed_mode(args), a print silenced off the main process,
 MetricLogger meters synchronized between processes, save_on_master, model_without_ddp.

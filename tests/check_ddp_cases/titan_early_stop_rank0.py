@@ -1,4 +1,4 @@
-# check_ddp: exit 1, FAIL step 5 DDP504
+# check_ddp: exit 1, FAIL step 10 DDP1007
 """Train a small classifier the way torchtitan's train.py reads: main() as a list of numbered steps,
 one config dataclass, gradient accumulation with no_sync(), an exact evaluation, ckpt.pt at the end,
 reloaded by every rank.

@@ -1,4 +1,4 @@
-# check_ddp: exit 1, FAIL step 5 DDP501
+# check_ddp: exit 1, FAIL step 6 DDP609
 """A class-based Trainer, in the style of pytorch/examples ddp-tutorial-series multigpu_torchrun.py:
 _run_batch, _run_epoch, _save_snapshot, and a snapshot in the current folder that a restarted job resumes.
 
