@@ -3652,18 +3652,20 @@ def rank_from_arguments(f):
             f"{f.code(e['at'])} reads {e['option']}, which torchrun does not pass: every rank got its "
             f"default, {e['default']!r}, and no rank read LOCAL_RANK"
         )
-    # ranks numbered by the script: several passed one rank= to init_process_group()
+    # ranks numbered on the command line: several passed the one --rank they were all given to
+    # init_process_group() (a rank taken from torchrun's LOCAL_RANK instead is step 1's: DDP106)
     inits = {r: e for r, e in f.job.records("init") if e["rank"] not in (None, -1)}
     values = {e["rank"] for e in inits.values()}
     if len(inits) > 1 and len(values) == 1:
-        value, e = values.pop(), next(iter(inits.values()))
+        value = values.pop()
         option = next((a for _, a in records if "local" not in a["option"] and a["value"] == value), None)
-        source = f" takes the rank from {option['option']}:" if option else ":"
-        return Found(
-            f"{f.code((option or e)['at'])}{source} {ranks_text(inits)} all passed rank={value!r} to "
-            "init_process_group(), where torchrun numbers its processes in RANK",
-            explains=("crash", "hang"),
-        )
+        if option is not None:
+            return Found(
+                f"{f.code(option['at'])} takes the rank from {option['option']}: {ranks_text(inits)} all "
+                f"passed rank={value!r} to init_process_group(), where torchrun numbers its processes in "
+                "RANK",
+                explains=("crash", "hang"),
+            )
     return None
 
 

@@ -1,4 +1,4 @@
-# check_ddp: exit 1, FAIL step 1 DDP106, FAIL step 8 DDP805
+# check_ddp: exit 1, FAIL step 1 DDP106
 """A research lab's segmentation training script, multi-GPU version: `device = local_rank`, the model
 moved with `.to(local_rank)`, and the process group told the rank and the world size outright. GPU only.
 
