@@ -168,7 +168,10 @@ STEP_VIEWS = {
         ["DistributedSampler(dataset, seed", "sampler.set_epoch(epoch)"],
         ["DataLoader(", "BatchSampler(sampler"],
     ),
-    4: (["model = DDP(model"], ["init_process_group"]),
+    4: (
+        ["model = DDP(", "device_ids=[device.index]", "bucket_cap_mb=args.bucket_cap_mb"],
+        ["init_process_group"],
+    ),
     5: (["totals = torch.stack", "dist.all_reduce(totals)", "dist.get_world_size()"], ["val_totals"]),
     6: (["dist.broadcast_object_list(choice)", "if dist.get_rank() == 0:", "model.module, optimizer"], []),
     7: (["def cleanup():", "dist.destroy_process_group()", "cleanup()  # DDP step 7"], []),
