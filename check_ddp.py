@@ -1298,6 +1298,8 @@ def audit(w, event, args):
 @watches("torch.multiprocessing", "spawn", "start_processes", step=8, label="mp.{name}()")
 @watches("torch.multiprocessing.spawn", "spawn", "start_processes", step=8, label="mp.{name}()")
 def multiprocessing_spawn(original, w, name):
+    import types
+
     signature = inspect.signature(original)
 
     def multiprocessing_spawn(*args, **kwargs):
@@ -1306,15 +1308,12 @@ def multiprocessing_spawn(original, w, name):
         child = int(os.environ["LOCAL_RANK"]) % max(1, nprocs)
         w.rec.add("spawn", how=f"torch.multiprocessing.{name}(nprocs={nprocs})", at=where())
         given["fn"](child, *given.get("args", ()))  # the child this process stands for, here
-        return None if given.get("join", True) else types_namespace(join=lambda *a, **k: True, pids=list)
+        # join=False gives a context to join later: the child has run, so it is joined already
+        return (
+            None if given.get("join", True) else types.SimpleNamespace(join=lambda *a, **k: True, pids=list)
+        )
 
     return multiprocessing_spawn
-
-
-def types_namespace(**attributes):
-    import types
-
-    return types.SimpleNamespace(**attributes)
 
 
 @watches("multiprocessing.process.BaseProcess", "start", step=8, label="Process.start()")
