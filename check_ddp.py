@@ -20,7 +20,8 @@ are stood in (cuda -> cpu, nccl -> gloo; each GPU the script asks for is recorde
 line), and the processes are shown as two nodes of one GPU each (--nnodes), so that RANK and
 LOCAL_RANK differ on the second node, as they do on a real multi-node job.
 
-Exit status: 0 when no step failed (warnings included), 1 when one did, 2 for a usage error.
+Exit status: 0 when no step failed (warnings included), 1 when one did, 2 for a usage error, 3
+when check_ddp's own error made the check incomplete (never your script's).
 A job that stops making progress for --silence seconds is stopped, and the report says where
 each rank was waiting. One self-contained file: copy it into your own project.
 
@@ -48,6 +49,7 @@ to tests/check_ddp_cases/ whose first line names the code (tests/check_ddp_cases
 
 import argparse
 import ast
+import contextlib
 import functools
 import importlib
 import importlib.util
@@ -55,6 +57,7 @@ import inspect
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -63,6 +66,8 @@ import tempfile
 import textwrap
 import threading
 import time
+import types
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,7 +106,11 @@ def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="check_ddp.py",
         description=__doc__.splitlines()[0],
-        epilog="Options go before the script; what follows the script is passed to it.",
+        epilog="Options go before the script; what follows the script is passed to it. The report has a "
+        "line per DDP step: ok, warn, FAIL, or -- (not checked: the job did not show it, or it follows from "
+        "another step's FAIL). Exit status: 0 no step failed, 1 a step failed, 2 a usage error, 3 "
+        "check_ddp's own error (not your script's). The job runs in this folder, and leaves there what your "
+        "script writes.",
     )
     parser.add_argument("--nproc", type=int, default=2, help="processes to start (default: 2)")
     parser.add_argument(
@@ -129,7 +138,10 @@ def main(argv=None):
         help="explain what a finding's code means (alone: list every code); runs nothing",
     )
     parser.add_argument(
-        "--judge", metavar="FOLDER", help="judge again the job a check left in FOLDER; runs nothing"
+        "--judge",
+        metavar="FOLDER",
+        help="judge again the job a check left in FOLDER (or its output.log, as the report's last line names "
+        "it); runs nothing",
     )
     parser.add_argument("script", nargs="?", help="your training script")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="its own arguments")
@@ -141,9 +153,11 @@ def main(argv=None):
         print(text)
         return 0
     if options.judge:
-        if not (Path(options.judge) / "job.json").is_file():
+        folder = Path(options.judge)
+        folder = folder.parent if folder.is_file() else folder  # .../output.log, as the report names it
+        if not (folder / "job.json").is_file():
             parser.error(f"{options.judge}: not the folder of a job (it has no job.json)")
-        job = Job.load(options.judge)
+        job = Job.load(folder)
     else:
         if options.script is None:
             parser.error("name your training script: python check_ddp.py my_train.py [its args]")
@@ -156,8 +170,18 @@ def main(argv=None):
         if options.nnodes is not None and (options.nnodes < 1 or options.nproc % options.nnodes):
             parser.error(f"--nnodes must divide --nproc ({options.nproc}): as many processes on each node")
         job = run_job(options)
+        if relayout(options, job):
+            # the rehearsal's layout (2 nodes of 1 GPU) stopped the job at a step another layout passes:
+            # check again as one node, where the rest of the job runs, and report both
+            then = run_job(options, nnodes=1)
+            shutil.move(str(then.folder), job.folder / "one_node")
+            job.then = "one_node"
+            job.save()
+            job = Job.load(job.folder)
     lines = judge(job)
     print(report(job, lines))
+    if own_errors(job):
+        return 3  # the check itself failed: whatever it found is incomplete
     return 1 if any(line.verdict == "FAIL" for line in lines) else 0
 
 
@@ -173,7 +197,7 @@ class Job:
 
     ENDING = (
         "command", "nproc", "nnodes", "silence", "device", "cwd", "returncode", "seconds", "hung",
-        "stuck_at_exit",
+        "stuck_at_exit", "then",
     )  # fmt: skip
 
     def __init__(self, folder, command, nproc, nnodes, silence, device, cwd):
@@ -186,6 +210,7 @@ class Job:
         self.hung = False  # stopped after --silence seconds without progress
         self.stuck_at_exit = False  # every rank finished its script, but a process did not end
         self.sources = {}  # a file the records cite (as they cite it): its text
+        self.then = None  # the subfolder of the same job run again as one node, if it was (relayout)
 
     def records(self, kind, rank=None):
         ranks = self.ranks.items() if rank is None else [(rank, self.ranks.get(rank, []))]
@@ -201,6 +226,7 @@ class Job:
             for events in self.ranks.values():
                 for event in events:
                     check_record(event)
+        self.ranks = {r: [with_defaults(e) for e in events] for r, events in self.ranks.items()}
 
     def source(self, path):
         """The text of one of the script's files, as the job saw it; None if unknown."""
@@ -226,6 +252,11 @@ class Job:
                         cited.add(at.rpartition(":")[0])
                 for path in re.findall(r'File "([^"]+)", line', e.get("message") or ""):  # a child's
                     cited.add(os.path.relpath(path, self.cwd))
+        script = next((a for a in self.command[1:] if a.endswith(".py")), None)
+        if script:
+            cited.add(
+                os.path.relpath(os.path.join(self.cwd, script), self.cwd)
+            )  # its code that never ran too
         self.sources = {path: text for path in sorted(cited) if (text := self.source(path)) is not None}
         ending = {name: getattr(self, name) for name in self.ENDING}
         (self.folder / "job.json").write_text(json.dumps({**ending, "sources": self.sources}, indent=1))
@@ -237,7 +268,7 @@ class Job:
             folder, *(saved[name] for name in ("command", "nproc", "nnodes", "silence", "device", "cwd"))
         )
         for name in cls.ENDING:
-            setattr(job, name, saved[name])
+            setattr(job, name, saved.get(name, getattr(job, name)))
         job.sources = saved["sources"]
         log = Path(folder) / "output.log"
         job.output = log.read_text(errors="replace") if log.is_file() else ""
@@ -255,10 +286,20 @@ def visible_gpus(options):
     return torch.cuda.device_count()
 
 
-def run_job(options):
+def relayout(options, job):
+    """Whether the job stopped at a mistake only the rehearsed layout shows (a GPU index past its node's
+    GPUs), where one node of all the processes would run on: then it is checked again as one node."""
+    return (
+        options.nnodes is None
+        and job.nnodes > 1
+        and any(line.code in LAYOUT_CODES and line.verdict == "FAIL" for line in judge(job))
+    )
+
+
+def run_job(options, nnodes=None):
     gpus = visible_gpus(options)
     device = "cuda" if gpus >= options.nproc else "cpu"
-    nnodes = options.nnodes or (2 if device == "cpu" else 1)
+    nnodes = nnodes or options.nnodes or (2 if device == "cpu" else 1)
     folder = Path(tempfile.mkdtemp(prefix="check_ddp-"))
     site = folder / "site"
     site.mkdir()
@@ -406,6 +447,7 @@ SCHEMA = {
     # iterable dataset a fingerprint of its data)
     "loader": ("id", "at", "dataset", "length", "batches", "data", "sampler", "distributed"),
     "pass": ("loader", "n", "at", "grad", "eval"),
+    "end": ("loader", "batches", "backward"),  # a pass over (the loader ran out): batches, backward passes
     "batch": ("loader", "idx", "data"),
     "set_epoch": ("epoch", "at"),
     "join": ("at",),
@@ -439,17 +481,92 @@ SCHEMA = {
     # the script's own uncaught error: where (and whether the script's own line raised it), in
     # which watched call (CALLS key), in which loader
     "crash": ("type", "message", "at", "by_script", "call", "loader"),
+    # this file's own error, in its bookkeeping: caught, and never passed on to the script (once a
+    # place); `at` is this file's line
+    "fault": ("type", "message", "at"),
     # the process ends: its replicas' weights summed, each training forward's input summed, the
     # graphs torch.compile made, its optimizer steps, its forwards through DDP without gradients
     "exit": ("weights", "inputs", "graphs", "steps", "evaluations"),
 }
 
 
+# Fields added to a kind after jobs were recorded with it: each with the value an older record means.
+# A new field goes here, so that jobs recorded before it still load (and judge) as they did.
+OPTIONAL = {
+    # the crash: who raised it: "raise" (a raise or assert statement of the script's), "call" (a call
+    # the script made, inside torch or a library), "checker" (this file's own code)
+    "crash": {"raised": "call"},
+    # a collective on a group of some ranks only (their global ranks), not the whole job's
+    "coll": {"group": None},
+    # DDP forwards with gradients that prepared the all-reduce of their backward (DDP decides it at
+    # forward time, from require_backward_grad_sync): how many of the step's did, and whether its last
+    # did (that one's all-reduce carries every micro-batch's gradients, accumulated)
+    "step": {"prepared": None, "last": None},
+    # each forward without gradients' first input, summed (as training's inputs are): what each
+    # rank evaluated, to compare between ranks
+    "exit": {"eval_inputs": []},
+}
+
+
 def check_record(event):
     """Refuse a record that does not fit SCHEMA (the tests turn this on: CHECK_DDP_STRICT=1)."""
     kind = event.get("e")
-    if kind not in SCHEMA or set(event) - {"e"} != set(SCHEMA[kind]):
+    fields = set(event) - {"e"}
+    if kind not in SCHEMA or not set(SCHEMA[kind]) <= fields <= set(SCHEMA[kind]) | set(
+        OPTIONAL.get(kind, ())
+    ):
         raise ValueError(f"check_ddp: a record that does not fit SCHEMA[{kind!r}]: {event}")
+
+
+def with_defaults(event):
+    """A record as today's judge reads it: a field it was recorded without gets its default."""
+    missing = OPTIONAL.get(event["e"], {}).keys() - event.keys()
+    return {**event, **{name: OPTIONAL[event["e"]][name] for name in missing}} if missing else event
+
+
+class Beside:
+    """What the watcher knows of one of the script's objects (a DataLoader, its iterator, a model, a
+    tensor), kept beside it, by its identity, for as long as it lives: never on it, where it would
+    travel into the script's own copies, pickles and checkpoints."""
+
+    def __init__(self):
+        self.table = {}
+
+    def get(self, thing, default=None):
+        entry = self.table.get(id(thing))
+        return entry[1] if entry is not None and entry[0]() is thing else default
+
+    def set(self, thing, value):
+        key = id(thing)
+        forget = functools.partial(self.table.pop, key, None)
+        self.table[key] = (weakref.ref(thing, lambda _: forget()), value)
+        return value
+
+
+class Quietly:
+    """`with Quietly(w):` around the watcher's own bookkeeping. Whatever goes wrong in it is this file's
+    error, not the script's: recorded as a fault (once a place), and never passed on to the script,
+    which goes on as if it were not watched."""
+
+    __slots__ = ("w",)
+
+    def __init__(self, w):
+        self.w = w
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, tb):
+        if kind is None or not issubclass(kind, Exception):
+            return False
+        with contextlib.suppress(Exception):
+            while tb.tb_next is not None:
+                tb = tb.tb_next
+            at = f"{os.path.basename(tb.tb_frame.f_code.co_filename)}:{tb.tb_lineno}"
+            if at not in self.w.faults:
+                self.w.faults.add(at)
+                self.w.rec.add("fault", type=kind.__name__, message=ends(str(error)), at=at)
+        return True
 
 
 class Recorder:
@@ -560,7 +677,8 @@ def main_thread_position(main):
 
 def fingerprint(value, depth=0):
     """A short summary of data, equal on two ranks exactly when the data is (tensors, arrays,
-    numbers, strings, and lists, tuples and dicts of them)."""
+    numbers, strings, and lists, tuples and dicts of them). It calls nothing of the script's: any
+    other object is summed up by its type's name."""
     import hashlib
 
     import torch
@@ -570,61 +688,57 @@ def fingerprint(value, depth=0):
         step = max(1, flat.numel() // 65536)
         sample = flat[::step].cpu().contiguous()
         return f"{tuple(value.shape)}:{hashlib.blake2b(sample.numpy().tobytes(), digest_size=8).hexdigest()}"
-    if type(value).__module__ == "numpy":
+    if type(value).__module__ == "numpy" and type(value).__name__ == "ndarray":
         return fingerprint(torch.as_tensor(value), depth)
-    if isinstance(value, (list, tuple)) and depth < 3:
+    if type(value) in (list, tuple) and depth < 3:
         return "[" + ",".join(fingerprint(v, depth + 1) for v in value[:16]) + "]"
-    if isinstance(value, dict) and depth < 3:
-        return "{" + ",".join(f"{k}={fingerprint(v, depth + 1)}" for k, v in list(value.items())[:16]) + "}"
-    return repr(value)[:64]
+    if type(value) is dict and depth < 3:
+        return "{" + ",".join(f"{k!r}={fingerprint(v, depth + 1)}" for k, v in list(value.items())[:16]) + "}"
+    if type(value) in (int, float, bool, str, bytes, type(None)) or type(value).__module__ == "numpy":
+        return repr(value)[:64]
+    return type(value).__name__
 
 
-def length_of(thing):
+def attribute(thing, name):
+    """thing.name as it is stored, or None: without calling anything of the script's (no property,
+    no __getattr__), as a debugger reads an object."""
     try:
-        return len(thing)
-    except TypeError:  # an IterableDataset without a length, and its DataLoader
+        value = inspect.getattr_static(thing, name)
+    except AttributeError:
         return None
+    return None if hasattr(type(value), "__get__") and not callable(value) else value
+
+
+def is_torchs(thing):
+    """An object of torch's own classes (a sampler, a dataset wrapper): its methods are torch's."""
+    return type(thing).__module__.startswith("torch.")
+
+
+def stored_data(dataset, depth=0):
+    """The data a dataset holds in its attributes (tensors, arrays, lists of them, of numbers or of
+    strings), read as stored."""
+    import torch
+
+    def is_data(value, depth):
+        if isinstance(value, torch.Tensor) or type(value).__name__ == "ndarray":
+            return True
+        if type(value) in (list, tuple) and value and depth < 2:
+            return is_data(value[0], depth + 1)
+        return depth > 0 and type(value) in (int, float, str)
+
+    try:
+        held = object.__getattribute__(dataset, "__dict__")  # as stored: no __getattr__ of the script's
+    except AttributeError:
+        return []
+    return [v for v in dict(held).values() if is_data(v, 0)]
 
 
 def dataset_fingerprint(dataset):
-    """The dataset's data, or (for a dataset that makes its samples) four of its samples, drawn
-    with every random generator seeded alike and then restored, so that the script's own
-    randomness is untouched and random augmentations draw alike on every rank."""
-    import random
-
-    import torch
-
-    tensors = dataset.tensors if hasattr(dataset, "tensors") else None
-    stored = [
-        v
-        for v in getattr(dataset, "__dict__", {}).values()
-        if isinstance(v, torch.Tensor) or type(v).__name__ == "ndarray"
-    ]
-    if tensors or stored:
-        return fingerprint(list(tensors or stored))
-    try:
-        n = len(dataset)
-    except TypeError:
-        return None  # an IterableDataset: its batches are compared instead
-    states = torch.random.get_rng_state(), random.getstate()
-    numpy = sys.modules.get("numpy")
-    numpy_state = numpy.random.get_state() if numpy else None
-    try:
-        samples = []
-        for i in sorted({0, 1, n // 2, n - 1} & set(range(n))):
-            torch.manual_seed(0)
-            random.seed(0)
-            if numpy:
-                numpy.random.seed(0)
-            samples.append(dataset[i])
-        return fingerprint(samples)
-    except Exception:
-        return None
-    finally:
-        torch.random.set_rng_state(states[0])
-        random.setstate(states[1])
-        if numpy:
-            numpy.random.set_state(numpy_state)
+    """The data a dataset holds (its tensors, arrays and lists), read as stored: None for a dataset
+    that makes its samples as they are asked for. The check calls nothing of the dataset's: a
+    __getitem__ may draw from a generator of the script's, or count, or cache."""
+    stored = stored_data(dataset)
+    return fingerprint(stored) if stored else None
 
 
 def describe_checkpoint(obj):
@@ -720,6 +834,8 @@ class Watcher:
             "backward": 0,
             "synced": 0,
             "forward": 0,
+            "prepared": 0,  # DDP forwards that prepared their backward's all-reduce
+            "last": None,  # whether the last DDP forward did
             "items": {},
             "step": 0,
             "evaluations": 0,
@@ -727,10 +843,13 @@ class Watcher:
             "in_ddp": False,  # inside the DDP model's forward
             "evaluating": False,  # in a run of forwards without gradients, since the last optimizer step
         }
-        self.loaders = []  # the script's DataLoaders, by their id
+        self.loaders = []  # what the watcher knows of each of the script's DataLoaders, by their id
+        self.of = Beside()  # the same, for each DataLoader, its iterators, and models, by identity
+        self.faults = set()  # where this file's own errors were (caught, and recorded once each)
         self.live_ddp = []  # weak references to the DDP models made
         self.weights = []  # the parameters of those models, or of the first optimizer: fingerprinted at exit
         self.inputs = []  # a fingerprint of each training forward's first input, kept on its device
+        self.eval_inputs = []  # the same, of each forward without gradients (up to 256)
         self.written = set()  # (file, line, how) already recorded
         self.folder = os.path.realpath(os.environ["CHECK_DDP_FOLDER"])
         self.caches = os.path.realpath(os.path.expanduser("~/.cache"))
@@ -839,8 +958,9 @@ def rehearse_nodes():
 @watches("os._Environ", "__setitem__", step=1, label="os.environ[...] = ...")
 def environ_setitem(original, w, _):
     def environ_setitem(self, key, value):
-        if self is os.environ and key in LAUNCH_VARIABLES and os.environ.get(key) != value:
-            w.rec.add("env", key=key, value=value, torchrun=os.environ.get(key), at=where())
+        with Quietly(w):
+            if self is os.environ and key in LAUNCH_VARIABLES and os.environ.get(key) != value:
+                w.rec.add("env", key=key, value=value, torchrun=os.environ.get(key), at=where())
         return original(self, key, value)
 
     return environ_setitem
@@ -853,25 +973,27 @@ def init_process_group(original, w, _):
     signature = inspect.signature(original)
 
     def init_process_group(*args, **kwargs):
-        given = signature.bind_partial(*args, **kwargs).arguments
-        w.rec.add(
-            "init",
-            at=where(),
-            backend=str(given.get("backend")),
-            init_method=given.get("init_method"),
-            rank=given.get("rank"),
-            world_size=given.get("world_size"),
-            store="store" in given,
-        )
+        with Quietly(w):
+            given = signature.bind_partial(*args, **kwargs).arguments
+            w.rec.add(
+                "init",
+                at=where(),
+                backend=str(given.get("backend")),
+                init_method=given.get("init_method"),
+                rank=given.get("rank"),
+                world_size=given.get("world_size"),
+                store="store" in given,
+            )
         start = time.monotonic()
         result = original(*args, **kwargs)
-        w.rec.add(
-            "met",
-            seconds=time.monotonic() - start,
-            rank=dist.get_rank(),
-            world_size=dist.get_world_size(),
-            backend=str(dist.get_backend()),
-        )
+        with Quietly(w):
+            w.rec.add(
+                "met",
+                seconds=time.monotonic() - start,
+                rank=dist.get_rank(),
+                world_size=dist.get_world_size(),
+                backend=str(dist.get_backend()),
+            )
         return result
 
     return init_process_group
@@ -880,8 +1002,9 @@ def init_process_group(original, w, _):
 @watches("torch.distributed", "destroy_process_group", step=7, label="destroy_process_group()")
 def destroy_process_group(original, w, _):
     def destroy_process_group(*args, **kwargs):
-        if not args and not kwargs:  # the whole job's group, not a subgroup
-            w.rec.add("destroy", at=where())
+        with Quietly(w):
+            if not args and not kwargs:  # the whole job's group, not a subgroup
+                w.rec.add("destroy", at=where())
         return original(*args, **kwargs)
 
     return destroy_process_group
@@ -898,9 +1021,17 @@ REDUCING = ("all_reduce", "reduce", "all_gather", "all_gather_object", "all_gath
 
 @watches("torch.distributed", *COLLECTIVES, step=5, label="dist.{name}()")
 def collective(original, w, name):
+    import torch.distributed as dist
+
+    signature = inspect.signature(original)
+
     def watched_collective(*args, **kwargs):
-        if called_by_user():
-            w.rec.add("coll", name=name, at=where(), step=w.state["step"])
+        with Quietly(w):
+            if called_by_user():
+                group = signature.bind_partial(*args, **kwargs).arguments.get("group")
+                some = group is not None and group is not dist.group.WORLD
+                ranks = dist.get_process_group_ranks(group) if some and dist.is_initialized() else None
+                w.rec.add("coll", name=name, at=where(), step=w.state["step"], group=ranks)
         return original(*args, **kwargs)
 
     return watched_collective
@@ -917,57 +1048,77 @@ def dataloader_init(original, w, _):
         original(self, *args, **kwargs)
         if not called_by_user():
             return
-        self._check_ddp_id = len(w.loaders)
-        w.loaders.append(self)
-        sampler, distributed = self.batch_sampler or self.sampler, None
-        for _ in range(4):  # BatchSampler(DistributedSampler(...)), and the like
-            if isinstance(sampler, DistributedSampler):
-                distributed = sampler
-                break
-            sampler = getattr(sampler, "sampler", None)
-        dataset, offset = self.dataset, None
-        while hasattr(dataset, "indices") and hasattr(dataset, "dataset"):  # a Subset: the indices
-            offset = (
-                [int(i) for i in dataset.indices] if offset is None else [offset[i] for i in dataset.indices]
-            )
-            dataset = dataset.dataset
-        self._check_ddp_indices = offset
-        w.rec.add(
-            "loader",
-            id=self._check_ddp_id,
-            at=where(),
-            dataset=type(dataset).__name__,
-            length=length_of(dataset),
-            batches=length_of(self),
-            data=dataset_fingerprint(dataset),
-            sampler=type(self.sampler).__name__,
-            distributed=distributed is not None
-            and {
-                "rank": distributed.rank,
-                "num_replicas": distributed.num_replicas,
-                "shuffle": distributed.shuffle,
-                "drop_last": distributed.drop_last,
-            },
-        )
+        with Quietly(w):
+            w.rec.add("loader", **describe_loader(w, self, DistributedSampler))
 
     return dataloader_init
+
+
+def describe_loader(w, loader, DistributedSampler):
+    """A DataLoader the script made, read without calling anything of the script's: its samplers are
+    read as stored, and a length is asked only of torch's own samplers (whose length torch asks itself
+    as the loader goes), never of a sampler of the script's, which may have none (an infinite one)."""
+    info = w.of.set(loader, {"id": len(w.loaders), "indices": None, "passes": 0, "pass": None})
+    w.loaders.append(info)
+    batch_sampler, sampler = attribute(loader, "batch_sampler"), attribute(loader, "sampler")
+    chain, current = [], batch_sampler if batch_sampler is not None else sampler
+    for _ in range(4):  # BatchSampler(DistributedSampler(...)), and the like
+        if current is None:
+            break
+        chain.append(current)
+        current = attribute(current, "sampler")
+    distributed = next((s for s in chain if isinstance(s, DistributedSampler)), None)
+    dataset, offset = attribute(loader, "dataset"), None
+    while type(dataset).__name__ == "Subset" and is_torchs(dataset):  # a Subset: the indices
+        indices = [int(i) for i in dataset.indices]
+        offset = indices if offset is None else [offset[i] for i in indices]
+        dataset = dataset.dataset
+    info["indices"] = offset
+    mapped = attribute(loader, "_dataset_kind") == 0
+    torchs = mapped and chain and all(is_torchs(s) for s in chain)
+    return dict(
+        id=info["id"],
+        at=where(),
+        dataset=type(dataset).__name__,
+        length=length_of(dataset) if torchs else None,
+        batches=length_of(loader) if torchs else None,
+        data=dataset_fingerprint(dataset),
+        sampler=type(sampler).__name__,
+        distributed=distributed is not None
+        and {
+            "rank": distributed.rank,
+            "num_replicas": distributed.num_replicas,
+            "shuffle": distributed.shuffle,
+            "drop_last": distributed.drop_last,
+        },
+    )
+
+
+def length_of(thing):
+    try:
+        return len(thing)
+    except Exception:  # noqa: BLE001 (a length torch cannot give: none is recorded)
+        return None
 
 
 @watches("torch.utils.data.DataLoader", "__iter__", step=3, label="iter(DataLoader)")
 def dataloader_iter(original, w, _):
     def dataloader_iter(self):
-        if hasattr(self, "_check_ddp_id"):
-            # the pass begins before the iterator is made: with workers, torch hands them their first
-            # indices (_next_index) while it makes the iterator, or resets a persistent one
-            self._check_ddp_passes = getattr(self, "_check_ddp_passes", 0) + 1
-            self._check_ddp_pass = {"loader": self._check_ddp_id, "batches": 0, "backward": 0}
-            w.rec.add(
-                "pass", loader=self._check_ddp_id, n=self._check_ddp_passes, at=where(), grad=grad_enabled(),
-                eval=any(not m.training or not m.module.training for m in w.models()),
-            )  # fmt: skip
+        info = w.of.get(self)
+        if info is not None:
+            with Quietly(w):
+                # the pass begins before the iterator is made: with workers, torch hands them their first
+                # indices (_next_index) while it makes the iterator, or resets a persistent one
+                info["passes"] += 1
+                info["pass"] = {"loader": info["id"], "batches": 0, "backward": 0}
+                w.rec.add(
+                    "pass", loader=info["id"], n=info["passes"], at=where(), grad=grad_enabled(),
+                    eval=any(not m.training or not m.module.training for m in w.models()),
+                )  # fmt: skip
         iterator = original(self)
-        if hasattr(self, "_check_ddp_id"):
-            iterator._check_ddp_pass = self._check_ddp_pass
+        if info is not None:
+            with Quietly(w):
+                w.of.set(iterator, info["pass"])
         return iterator
 
     return dataloader_iter
@@ -976,8 +1127,10 @@ def dataloader_iter(original, w, _):
 @watches("torch.utils.data.dataloader._BaseDataLoaderIter", "_reset", step=3, label="iter(DataLoader)")
 def dataloader_reset(original, w, _):
     def dataloader_reset(self, loader, *args, **kwargs):
-        if hasattr(loader, "_check_ddp_pass"):
-            self._check_ddp_pass = loader._check_ddp_pass  # the pass its loader began
+        with Quietly(w):
+            info = w.of.get(loader)
+            if info is not None:
+                w.of.set(self, info["pass"])  # the pass its loader began
         return original(self, loader, *args, **kwargs)
 
     return dataloader_reset
@@ -987,13 +1140,14 @@ def dataloader_reset(original, w, _):
 def dataloader_next_index(original, w, _):
     def dataloader_next_index(self):
         index = original(self)
-        current = getattr(self, "_check_ddp_pass", None)
-        if current is not None:
-            indices = index if isinstance(index, (list, tuple)) else [index]
-            if all(isinstance(i, int) for i in indices):  # a map-style dataset's indices
-                offset = w.loaders[current["loader"]]._check_ddp_indices
-                indices = [offset[i] for i in indices] if offset else list(indices)
-                w.rec.add("batch", loader=current["loader"], idx=indices, data=None)
+        with Quietly(w):
+            current = w.of.get(self)
+            if current is not None:
+                indices = index if type(index) in (list, tuple) else [index]
+                if all(type(i) is int for i in indices):  # a map-style dataset's indices
+                    offset = w.loaders[current["loader"]]["indices"]
+                    indices = [offset[i] for i in indices] if offset else list(indices)
+                    w.rec.add("batch", loader=current["loader"], idx=indices, data=None)
         return index
 
     return dataloader_next_index
@@ -1002,13 +1156,26 @@ def dataloader_next_index(original, w, _):
 @watches("torch.utils.data.dataloader._BaseDataLoaderIter", "__next__", step=3, label="next(DataLoader)")
 def dataloader_next(original, w, _):
     def dataloader_next(self):
-        batch = original(self)
-        current = getattr(self, "_check_ddp_pass", None)
-        if current is not None:
-            current["batches"] += 1
-            w.state["pass"] = current
-            if w.loaders[current["loader"]]._check_ddp_indices is None and self._dataset_kind == 1:
-                w.rec.add("batch", loader=current["loader"], idx=None, data=fingerprint(batch))  # iterable
+        try:
+            batch = original(self)
+        except StopIteration:
+            with Quietly(w):
+                current = w.of.get(self)
+                if current is not None:  # the pass is over: its batches, and the backward passes on them
+                    w.rec.add(
+                        "end",
+                        loader=current["loader"],
+                        batches=current["batches"],
+                        backward=current["backward"],
+                    )
+            raise
+        with Quietly(w):
+            current = w.of.get(self)
+            if current is not None:
+                current["batches"] += 1
+                w.state["pass"] = current
+                if w.loaders[current["loader"]]["indices"] is None and self._dataset_kind == 1:  # iterable
+                    w.rec.add("batch", loader=current["loader"], idx=None, data=fingerprint(batch))
         return batch
 
     return dataloader_next
@@ -1017,8 +1184,9 @@ def dataloader_next(original, w, _):
 @watches("torch.utils.data.DistributedSampler", "set_epoch", step=3, label="sampler.set_epoch()")
 def sampler_set_epoch(original, w, _):
     def sampler_set_epoch(self, epoch):
-        if called_by_user():
-            w.rec.add("set_epoch", epoch=epoch, at=where())
+        with Quietly(w):
+            if called_by_user():
+                w.rec.add("set_epoch", epoch=epoch, at=where())
         return original(self, epoch)
 
     return sampler_set_epoch
@@ -1027,7 +1195,8 @@ def sampler_set_epoch(original, w, _):
 @watches("torch.distributed.algorithms.join.Join", "__init__", step=3, label="Join(...)")
 def join_init(original, w, _):
     def join_init(self, *args, **kwargs):
-        w.rec.add("join", at=where())
+        with Quietly(w):
+            w.rec.add("join", at=where())
         return original(self, *args, **kwargs)
 
     return join_init
@@ -1058,27 +1227,28 @@ def ddp_init(original, w, _):
     signature = inspect.signature(original)
 
     def ddp_init(self, module, *args, **kwargs):
-        asked = signature.bind_partial(self, module, *args, **kwargs).arguments.get("device_ids")
+        asked = None
+        with Quietly(w):
+            asked = signature.bind_partial(self, module, *args, **kwargs).arguments.get("device_ids")
         original(self, module, *args, **kwargs)
-        w.live_ddp.append(weakref.ref(self, functools.partial(ddp_freed, w.rec)))
-        drop_hooks(module)  # where its first batch came from: DDP's forward says it from now on
-        if getattr(self.module, "_compiled_call_impl", None) is None:  # see drop_hooks
-            self.module._check_ddp_bare = self.module.register_forward_pre_hook(
-                functools.partial(bare_forward, w)
+        with Quietly(w):
+            w.live_ddp.append(weakref.ref(self, functools.partial(ddp_freed, w.rec)))
+            drop_hooks(w, module)  # where its first batch came from: DDP's forward says it from now on
+            if getattr(self.module, "_compiled_call_impl", None) is None:  # see drop_hooks
+                hook(w, self.module, functools.partial(bare_forward, w))
+            w.weights.extend(self.module.parameters())
+            inner = getattr(module, "_orig_mod", module)
+            w.rec.add(
+                "ddp",
+                at=where(),
+                module=type(inner).__name__,
+                compiled=getattr(module, "_compiled_call_impl", None) is not None,
+                compiled_inside=hasattr(module, "_orig_mod"),
+                device_ids=[str(d) for d in (asked or [])],
+                find_unused_parameters=self.find_unused_parameters,
+                devices=sorted({placed(p) for p in self.module.parameters()}),
+                parameters=sum(p.numel() for p in self.module.parameters()),
             )
-        w.weights.extend(self.module.parameters())
-        inner = getattr(module, "_orig_mod", module)
-        w.rec.add(
-            "ddp",
-            at=where(),
-            module=type(inner).__name__,
-            compiled=getattr(module, "_compiled_call_impl", None) is not None,
-            compiled_inside=hasattr(module, "_orig_mod"),
-            device_ids=[str(d) for d in (asked or [])],
-            find_unused_parameters=self.find_unused_parameters,
-            devices=sorted({placed(p) for p in self.module.parameters()}),
-            parameters=sum(p.numel() for p in self.module.parameters()),
-        )
 
     return ddp_init
 
@@ -1090,18 +1260,22 @@ def ddp_forward(original, w, _):
     import torch
 
     def ddp_forward(self, *args, **kwargs):
-        if not torch.is_grad_enabled():
-            evaluated(w)  # a forward without gradients: evaluation, or inference
-        else:
-            w.state["forward"] += 1
+        with Quietly(w):
             first = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
-            if first is not None and w.state["forward"] == 1 and w.node_gpus:  # stood in: where the batch is
-                model = placed(next(self.module.parameters(), first))
-                w.rec.add("input", device=placed(first), model=model, at=where())
-            if first is not None and first.numel():
-                flat = first.detach().reshape(-1)
-                sample = flat[:: max(1, flat.numel() // 1024)][:1024].double()
-                w.inputs.append((sample * torch.arange(1, len(sample) + 1, device=sample.device)).sum())
+            if not torch.is_grad_enabled():
+                evaluated(w, first)  # a forward without gradients: evaluation, or inference
+            else:
+                w.state["forward"] += 1
+                # DDP prepares the all-reduce of the coming backward here, at forward time, or not
+                w.state["last"] = bool(self.require_backward_grad_sync)
+                w.state["prepared"] += w.state["last"]
+                if (
+                    first is not None and w.state["forward"] == 1 and w.node_gpus
+                ):  # stood in: the batch's place
+                    model = placed(next(self.module.parameters(), first))
+                    w.rec.add("input", device=placed(first), model=model, at=where())
+                if first is not None and first.numel():
+                    w.inputs.append(input_sum(first))
         w.state["in_ddp"] = True
         try:
             return original(self, *args, **kwargs)
@@ -1111,39 +1285,88 @@ def ddp_forward(original, w, _):
     return ddp_forward
 
 
-def evaluated(w):
+def input_sum(tensor):
+    """A batch summed up, to compare between ranks and steps: up to 1,024 of its values, weighted
+    by their place, kept on the batch's device until the process ends (no sync with a GPU)."""
+    import torch
+
+    flat = tensor.detach().reshape(-1)
+    sample = flat[:: max(1, flat.numel() // 1024)][:1024].double()
+    return (sample * torch.arange(1, len(sample) + 1, device=sample.device)).sum()
+
+
+def evaluated(w, first=None):
     """A forward without gradients, through the DDP model or the model it wraps: the first of a
-    run of them (an evaluation, if no optimizer step comes in between) is recorded, with its line."""
+    run of them (an evaluation, if no optimizer step comes in between) is recorded, with its line;
+    what each evaluated is summed up (its first input), to compare between ranks."""
+    import torch
+
     w.state["evaluations"] += 1
+    if isinstance(first, torch.Tensor) and first.numel() and len(w.eval_inputs) < 256:
+        w.eval_inputs.append(input_sum(first))
     if not w.state["evaluating"]:
         w.state["evaluating"] = True
         w.rec.add("eval", at=where(), loader=w.state["pass"] and w.state["pass"]["loader"])
 
 
-def drop_hooks(module):
+def hook(w, module, function):
+    """A forward pre-hook of the watcher's on one of the script's models, kept beside the model. Its
+    copies and pickles never carry it (Module.__getstate__, wrapped below, leaves it out)."""
+    handle = module.register_forward_pre_hook(function)
+    w.of.set(module, w.of.get(module) or {"hooks": [], "placed": False})["hooks"].append(handle)
+
+
+def drop_hooks(w, module):
     """Take this watcher's forward hooks off a model that is compiled, or wrapped: a hook of a file
     outside torch makes torch.compile trace a model it would otherwise leave alone (2 graphs where
     there are 0, for torch.compile(DDP(nn.Sequential))), and the check must not change what it sees."""
-    for name in ("_check_ddp_inputs", "_check_ddp_bare"):
-        handle = module.__dict__.pop(name, None)
-        if handle is not None:
-            handle.remove()
+    info = w.of.get(module)
+    for handle in info["hooks"] if info else ():
+        handle.remove()
+    if info:
+        info["hooks"] = []
 
 
 def bare_forward(w, module, args):
     """A forward hook on the model DDP wraps: an evaluation through model.module."""
-    if not grad_enabled() and not w.state["in_ddp"]:
-        evaluated(w)
+    import torch
+
+    with Quietly(w):
+        if not grad_enabled() and not w.state["in_ddp"]:
+            evaluated(w, next((a for a in args if isinstance(a, torch.Tensor)), None))
+
+
+@watches("torch.nn.Module", "__getstate__", step=4, label="copy.deepcopy(model)")
+def module_getstate(original, w, _):
+    """A model copied (copy.deepcopy, for an EMA model) or pickled (torch.save(model)) is copied as
+    the script made it: without the watcher's hooks, which stay on the original alone."""
+
+    def module_getstate(self):
+        state = original(self)
+        info = w.of.get(self)
+        if info and info["hooks"]:
+            ours = {handle.id for handle in info["hooks"]}
+            state = dict(state)
+            for name in (
+                "_forward_pre_hooks",
+                "_forward_pre_hooks_with_kwargs",
+                "_forward_pre_hooks_always_called",
+            ):
+                if isinstance(state.get(name), dict):
+                    state[name] = type(state[name])((k, v) for k, v in state[name].items() if k not in ours)
+        return state
+
+    return module_getstate
 
 
 @watches("torch.autograd", "backward", step=4, label="backward()")
 def autograd_backward(original, w, _):
     def autograd_backward(*args, **kwargs):
-        models = w.models()
-        w.state["backward"] += 1
-        w.state["synced"] += any(m.require_backward_grad_sync for m in models)
-        if w.state["pass"] is not None:
-            w.state["pass"]["backward"] += 1
+        with Quietly(w):
+            w.state["backward"] += 1
+            w.state["synced"] += any(m.require_backward_grad_sync for m in w.models())
+            if w.state["pass"] is not None:
+                w.state["pass"]["backward"] += 1
         return original(*args, **kwargs)
 
     return autograd_backward
@@ -1152,28 +1375,32 @@ def autograd_backward(original, w, _):
 def after_step(w, optimizer, args, kwargs):
     """Every optimizer step (torch's post-step hook): what happened since the last."""
     state = w.state
-    if not w.weights:
-        w.weights.extend(p for group in optimizer.param_groups for p in group["params"])
-    state["step"] += 1
-    current = state["pass"]
-    w.rec.add(
-        "step",
-        n=state["step"],
-        backward=state["backward"],
-        synced=state["synced"],
-        forward=state["forward"],
-        items=state["items"],
-        loader=current and current["loader"],
-    )
-    state.update(backward=0, synced=0, forward=0, items={}, evaluating=False)
+    with Quietly(w):
+        if not w.weights:
+            w.weights.extend(p for group in optimizer.param_groups for p in group["params"])
+        state["step"] += 1
+        current = state["pass"]
+        w.rec.add(
+            "step",
+            n=state["step"],
+            backward=state["backward"],
+            synced=state["synced"],
+            forward=state["forward"],
+            items=state["items"],
+            loader=current and current["loader"],
+            prepared=state["prepared"],
+            last=state["last"],
+        )
+    state.update(backward=0, synced=0, forward=0, prepared=0, last=None, items={}, evaluating=False)
 
 
 @watches("torch.Tensor", "item", step=5, label=".item()")
 def tensor_item(original, w, _):
     def tensor_item(self):
-        if called_by_user():
-            at = where()
-            w.state["items"][at] = w.state["items"].get(at, 0) + 1
+        with Quietly(w):
+            if called_by_user():
+                at = where()
+                w.state["items"][at] = w.state["items"].get(at, 0) + 1
         return original(self)
 
     return tensor_item
@@ -1189,16 +1416,18 @@ def watched_compile(original, w, name):
 
     def watched_compile(*args, **kwargs):
         target = args[0] if args else kwargs.get("model")
-        if isinstance(target, torch.nn.Module):
-            drop_hooks(target.module if isinstance(target, DistributedDataParallel) else target)
-        if called_by_user():
-            w.rec.add(
-                "compile",
-                how=how,
-                at=where(),
-                wraps_ddp=isinstance(target, DistributedDataParallel),
-                target=type(target).__name__,
-            )
+        with Quietly(w):
+            if isinstance(target, torch.nn.Module):
+                drop_hooks(w, target.module if isinstance(target, DistributedDataParallel) else target)
+        with Quietly(w):
+            if called_by_user():
+                w.rec.add(
+                    "compile",
+                    how=how,
+                    at=where(),
+                    wraps_ddp=isinstance(target, DistributedDataParallel),
+                    target=type(target).__name__,
+                )
         return original(*args, **kwargs)
 
     return watched_compile
@@ -1210,9 +1439,13 @@ def watched_compile(original, w, name):
 @watches("torch", "save", step=6, label="torch.save()")
 def torch_save(original, w, _):
     def torch_save(obj, f, *args, **kwargs):
-        if called_by_user():
-            path = f if isinstance(f, (str, os.PathLike)) else getattr(f, "name", None)
-            w.rec.add("save", path=path and os.path.abspath(path), at=where(), what=describe_checkpoint(obj))
+        with Quietly(w):
+            if called_by_user():
+                path = f if isinstance(f, (str, os.PathLike)) else attribute(f, "name")
+                path = path if isinstance(path, (str, os.PathLike)) else None
+                w.rec.add(
+                    "save", path=path and os.path.abspath(path), at=where(), what=describe_checkpoint(obj)
+                )
         return original(obj, f, *args, **kwargs)
 
     return torch_save
@@ -1221,15 +1454,17 @@ def torch_save(original, w, _):
 @watches("torch", "load", step=6, label="torch.load()")
 def torch_load(original, w, _):
     def torch_load(f, *args, **kwargs):
-        if called_by_user():
-            path = f if isinstance(f, (str, os.PathLike)) else getattr(f, "name", None)
-            w.rec.add(
-                "load",
-                path=path and os.path.abspath(path),
-                at=where(),
-                weights_only=kwargs.get("weights_only"),
-                map_location="map_location" in kwargs or len(args) > 0,
-            )
+        with Quietly(w):
+            if called_by_user():
+                path = f if isinstance(f, (str, os.PathLike)) else attribute(f, "name")
+                path = path if isinstance(path, (str, os.PathLike)) else None
+                w.rec.add(
+                    "load",
+                    path=path and os.path.abspath(path),
+                    at=where(),
+                    weights_only=kwargs.get("weights_only"),
+                    map_location="map_location" in kwargs or len(args) > 0,
+                )
         return original(f, *args, **kwargs)
 
     return torch_load
@@ -1240,15 +1475,16 @@ def load_state_dict(original, w, _):
     from torch.nn.parallel import DistributedDataParallel
 
     def load_state_dict(self, state_dict, *args, **kwargs):
-        if called_by_user():
-            keys = list(state_dict)
-            w.rec.add(
-                "load_state",
-                into=type(self).__name__,
-                ddp=isinstance(self, DistributedDataParallel),
-                prefixed=bool(keys) and all(str(k).startswith("module.") for k in keys),
-                at=where(),
-            )
+        with Quietly(w):
+            if called_by_user():
+                keys = list(state_dict) if isinstance(state_dict, dict) else []
+                w.rec.add(
+                    "load_state",
+                    into=type(self).__name__,
+                    ddp=isinstance(self, DistributedDataParallel),
+                    prefixed=bool(keys) and all(str(k).startswith("module.") for k in keys),
+                    at=where(),
+                )
         return original(self, state_dict, *args, **kwargs)
 
     return load_state_dict
@@ -1256,7 +1492,14 @@ def load_state_dict(original, w, _):
 
 def audit(w, event, args):
     """Python's audit hook: every file the script opens to write, or renames into place; an MPI
-    library imported, which other launchers (mpirun) tell who each process is."""
+    library imported, which other launchers (mpirun) tell who each process is. (An error in an audit
+    hook stops what it audits: none of this file's may reach the script's open().)"""
+    if event in ("open", "os.rename", "os.replace", "import"):
+        with Quietly(w):
+            audited(w, event, args)
+
+
+def audited(w, event, args):
     if event == "import" and args[0] == "mpi4py" and w.rec.enabled and "import mpi4py" not in w.read:
         w.read.add("import mpi4py")
         frame = outside_stdlib()
@@ -1306,7 +1549,8 @@ def multiprocessing_spawn(original, w, name):
         given = signature.bind(*args, **kwargs).arguments
         nprocs = given.get("nprocs", 1)
         child = int(os.environ["LOCAL_RANK"]) % max(1, nprocs)
-        w.rec.add("spawn", how=f"torch.multiprocessing.{name}(nprocs={nprocs})", at=where())
+        with Quietly(w):
+            w.rec.add("spawn", how=f"torch.multiprocessing.{name}(nprocs={nprocs})", at=where())
         given["fn"](child, *given.get("args", ()))  # the child this process stands for, here
         # join=False gives a context to join later: the child has run, so it is joined already
         return (
@@ -1327,7 +1571,7 @@ def process_start(original, w, name):
         if not launch or dist_initialized():
             return original(self)
         w.state["children"] = w.state.get("children", 0) + 1
-        self._check_ddp_child = True
+        w.of.set(self, "child")
         if w.state["children"] - 1 == int(os.environ["LOCAL_RANK"]):  # the child this process stands for
             w.rec.add(
                 "spawn", how=f"a Process running {getattr(target, '__qualname__', 'its run()')}", at=where()
@@ -1341,7 +1585,7 @@ def process_start(original, w, name):
 @watches("multiprocessing.process.BaseProcess", "join", step=8, label="Process.join()")
 def process_join(original, w, name):
     def process_join(self, timeout=None):
-        return None if getattr(self, "_check_ddp_child", False) else original(self, timeout)
+        return None if w.of.get(self) == "child" else original(self, timeout)
 
     return process_join
 
@@ -1356,6 +1600,12 @@ def dist_initialized():
 
 
 def excepthook(w, previous_hook, kind, error, tb):
+    with Quietly(w):
+        record_crash(w, kind, error, tb)
+    previous_hook(kind, error, tb)
+
+
+def record_crash(w, kind, error, tb):
     import traceback
 
     frames = traceback.extract_tb(tb)
@@ -1372,8 +1622,41 @@ def excepthook(w, previous_hook, kind, error, tb):
         by_script=bool(frames) and is_users(frames[-1].filename),
         call=call,
         loader=w.state["pass"] and w.state["pass"]["loader"],
+        raised=who_raised(tb, error),
     )
-    previous_hook(kind, error, tb)
+
+
+def who_raised(tb, error):
+    """Whose code raised an error: "raise", a raise or assert statement of the script's; "checker",
+    this file's own code (not a call it passes on, nor a GPU error it acts out for the stand-in);
+    "call", a call the script made (into torch, a library, or its own C code)."""
+    import dis
+
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    code, line = tb.tb_frame.f_code, tb.tb_lineno
+    if os.path.realpath(code.co_filename) == THIS_FILE:
+        acted = "(check_ddp: " in str(error)  # the stand-in's own "invalid device ordinal", as CUDA says it
+        return "call" if acted or any(a <= line <= b for a, b in passed_on()) else "checker"
+    if is_users(code.co_filename):
+        instruction = next((i for i in dis.get_instructions(code) if i.offset == tb.tb_lasti), None)
+        if instruction is not None and instruction.opname in ("RAISE_VARARGS", "RERAISE"):
+            return "raise"
+    return "call"
+
+
+@functools.lru_cache(maxsize=1)
+def passed_on():
+    """The lines of this file where a wrapper calls what it wraps (original(...), real(...)): an error
+    raised there is the call's, passed on, not this file's."""
+    tree = ast.parse(Path(THIS_FILE).read_text())
+    return [
+        (node.lineno, node.end_lineno)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("original", "real")
+    ]
 
 
 def ends(message):
@@ -1382,6 +1665,11 @@ def ends(message):
 
 
 def at_exit(w):
+    with Quietly(w):
+        write_exit(w)
+
+
+def write_exit(w):
     import torch
 
     values = {}
@@ -1403,6 +1691,7 @@ def at_exit(w):
         graphs=graphs,
         steps=w.state["step"],
         evaluations=w.state["evaluations"],
+        eval_inputs=[float(x) for x in torch.stack(w.eval_inputs).tolist()] if w.eval_inputs else [],
     )
 
 
@@ -1419,15 +1708,16 @@ OTHER_LAUNCHERS = re.compile(
 @watches("os._Environ", "__getitem__", step=8, label="os.environ[...]")
 def environ_getitem(original, w, _):
     def environ_getitem(self, key):
-        if (
-            self is os.environ
-            and key not in w.read
-            and (key in READ_KEYS or OTHER_LAUNCHERS.fullmatch(str(key)))
-        ):
-            w.read.add(key)
-            frame = outside_stdlib()
-            by = "script" if frame is not None and is_users(frame.f_code.co_filename) else "library"
-            w.rec.add("read", key=key, by=by, at=where(), found=key in os.environ)
+        with Quietly(w):
+            if (
+                self is os.environ
+                and key not in w.read
+                and (key in READ_KEYS or OTHER_LAUNCHERS.fullmatch(str(key)))
+            ):
+                w.read.add(key)
+                frame = outside_stdlib()
+                by = "script" if frame is not None and is_users(frame.f_code.co_filename) else "library"
+                w.rec.add("read", key=key, by=by, at=where(), found=key in os.environ)
         return original(self, key)
 
     return environ_getitem
@@ -1437,19 +1727,20 @@ def environ_getitem(original, w, _):
 def parse_known_args(original, w, _):
     def parse_known_args(self, args=None, namespace=None):
         parsed = original(self, args, namespace)
-        given = sys.argv[1:] if args is None else list(args)
-        for action in self._actions:
-            options = [o for o in action.option_strings if re.fullmatch(r"--(local[-_])?rank", o)]
-            frame = outside_stdlib()
-            if options and frame is not None and is_users(frame.f_code.co_filename):
-                w.rec.add(
-                    "arg",
-                    option=options[0],
-                    value=getattr(parsed[0], action.dest, None),
-                    default=action.default,
-                    given=any(a == o or a.startswith(o + "=") for a in given for o in options),
-                    at=where(),
-                )
+        with Quietly(w):
+            given = sys.argv[1:] if args is None else list(args)
+            for action in self._actions:
+                options = [o for o in action.option_strings if re.fullmatch(r"--(local[-_])?rank", o)]
+                frame = outside_stdlib()
+                if options and frame is not None and is_users(frame.f_code.co_filename):
+                    w.rec.add(
+                        "arg",
+                        option=options[0],
+                        value=getattr(parsed[0], action.dest, None),
+                        default=action.default,
+                        given=any(a == o or a.startswith(o + "=") for a in given for o in options),
+                        at=where(),
+                    )
         return parsed
 
     return parse_known_args
@@ -1467,12 +1758,12 @@ def parse_known_args(original, w, _):
 # every torch call, and a pass-through one measured +56% a step on a small model here; the calls
 # that name a device cost the same with or without the stand-in.
 
-GPU_TAG = "_check_ddp_gpu"
+TAGS = Beside()  # the GPU each tensor the script put "on a GPU" is on, kept beside the tensor
 
 
 def placed(tensor):
     """Where a tensor is, for the script: the GPU it asked for under the stand-in, else its device."""
-    index = getattr(tensor, GPU_TAG, None)
+    index = TAGS.get(tensor)
     return f"cuda:{index}" if index is not None else str(tensor.device)
 
 
@@ -1509,8 +1800,19 @@ def ask_gpu(w, index, how):
 
 
 def on_gpu(tensor, index):
-    setattr(tensor, GPU_TAG, index)
+    TAGS.set(tensor, index)
     return tensor
+
+
+@watches("torch.Tensor", "__deepcopy__", step=2, label="copy.deepcopy(tensor)", standin=True)
+@watches("torch.nn.Parameter", "__deepcopy__", step=2, label="copy.deepcopy(tensor)", standin=True)
+def tensor_deepcopy(original, w, _):
+    def tensor_deepcopy(self, memo):
+        copy = original(self, memo)
+        index = TAGS.get(self)
+        return copy if index is None else on_gpu(copy, index)  # a copy of a GPU's tensor: on that GPU
+
+    return tensor_deepcopy
 
 
 @watches("torch.Tensor", "to", step=2, label="tensor.to()", standin=True)
@@ -1525,13 +1827,13 @@ def tensor_to(original, w, _):
             index = gpu_index(w, args[0])
             if index is not None:
                 args = ("cpu", *args[1:])
-        elif args and getattr(args[0], GPU_TAG, None) is not None:  # to(other): other's place
-            index = getattr(args[0], GPU_TAG)
+        elif args and TAGS.get(args[0]) is not None:  # to(other): other's place
+            index = TAGS.get(args[0])
         if index is None:
             return original(self, *args, **kwargs)
         ask_gpu(w, index, "to")
         moved = original(self, *args, **kwargs)
-        if moved is self and getattr(self, GPU_TAG, None) != index:
+        if moved is self and TAGS.get(self) != index:
             moved = self.clone()  # onto another device, a copy: as on a GPU
         return on_gpu(moved, index)
 
@@ -1542,7 +1844,7 @@ def tensor_to(original, w, _):
 def tensor_cuda(original, w, _):
     def tensor_cuda(self, device=None, non_blocking=False, memory_format=None):
         index = ask_gpu(w, w.gpu if device is None else gpu_index(w, device), "cuda")
-        if getattr(self, GPU_TAG, None) == index:
+        if TAGS.get(self) == index:
             return self
         return on_gpu(self.clone(), index)
 
@@ -1580,9 +1882,11 @@ def module_to(original, w, name):
             result = original(self, "cpu", non_blocking=non_blocking, **rest)
         for tensor in (*self.parameters(), *self.buffers()):
             on_gpu(tensor, index)
-        if "_check_ddp_placed" not in self.__dict__:  # where its first batch comes from
-            self._check_ddp_placed = True
-            self._check_ddp_inputs = self.register_forward_pre_hook(functools.partial(first_input, w))
+        with Quietly(w):
+            info = w.of.get(self) or w.of.set(self, {"hooks": [], "placed": False})
+            if not info["placed"]:  # where its first batch comes from
+                info["placed"] = True
+                hook(w, self, functools.partial(first_input, w))
         return result
 
     return module_to
@@ -1592,10 +1896,13 @@ def first_input(w, module, args):
     """A model on a GPU gets its first batch: where that batch is (on a GPU, both must be on one)."""
     import torch
 
-    drop_hooks(module)
-    first = next((a for a in args if isinstance(a, torch.Tensor)), None)
-    if first is not None:
-        w.rec.add("input", device=placed(first), model=placed(next(module.parameters(), first)), at=where())
+    with Quietly(w):
+        drop_hooks(w, module)
+        first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+        if first is not None:
+            w.rec.add(
+                "input", device=placed(first), model=placed(next(module.parameters(), first)), at=where()
+            )
 
 
 # the functions that take a device= (torch.utils._device's list, and their *_like and new_* kin)
@@ -1644,6 +1951,11 @@ def load_on_cpu(original, w, _):
 
 
 # torch.cuda, as a node's GPUs would answer
+
+
+class StandInProperties(types.SimpleNamespace):
+    """torch.cuda.get_device_properties(): what a stand-in GPU says of itself. A property it lacks
+    fails naming this class: the stand-in's gap, reported as not checked, never as the script's."""
 
 
 class StandInEvent:
@@ -1709,7 +2021,6 @@ def count_gpus(w):
 def standin_cuda(w):
     """torch.cuda's functions, as the node's GPUs would answer: (name, function) pairs."""
     import contextlib
-    import types
 
     def set_device(device):
         index = gpu_index(w, device)
@@ -1724,7 +2035,7 @@ def standin_cuda(w):
         w.gpu = before
 
     def properties(device=None):
-        return types.SimpleNamespace(
+        return StandInProperties(
             name="check_ddp stand-in GPU (the CPU)", total_memory=80 * 2**30, major=9, minor=0,
             multi_processor_count=132, is_integrated=False,
         )  # fmt: skip
@@ -1935,6 +2246,7 @@ class Line:
     help: str = None
     see: str = None
     explains: frozenset = frozenset()
+    follows: dict = None  # {step: text}: the steps whose lines follow from this finding
 
 
 @dataclass
@@ -1945,6 +2257,7 @@ class Found:
     message: str
     help: str = None
     explains: tuple = None
+    follows: dict = None  # {step: what of that step follows from this finding}: those steps say so
 
 
 @dataclass
@@ -1989,7 +2302,24 @@ def summary(step):
     return register
 
 
+# Findings that only the rehearsed layout (nodes of one GPU) shows, which stop the job there
+LAYOUT_CODES = ("DDP201",)
+
+
 def judge(job):
+    """The job's lines; for a job run again as one node (relayout), the layout's own finding from the
+    first run, and every other step from the second."""
+    lines = judge_one(job)
+    if not job.then:
+        return lines
+    own = {line.step for line in lines if line.code in LAYOUT_CODES}
+    again = judge_one(Job.load(job.folder / job.then))
+    return sorted(
+        [x for x in lines if x.step in own] + [x for x in again if x.step not in own], key=lambda x: x.step
+    )
+
+
+def judge_one(job):
     """A line per step: the first of its rules that finds something, else its summary; then a
     crash that no line explains, at the step it happened in."""
     facts = Facts(job)
@@ -2001,8 +2331,13 @@ def judge(job):
             facts.explained |= line.explains
     if facts.crash is not None and "crash" not in facts.explained:
         step = crash_step(facts, facts.crash[1])
-        if facts.standin and needs_gpu(facts.crash[1]):  # what the stand-in cannot run: not a mistake
-            e = facts.crash[1]
+        e = facts.crash[1]
+        if e["raised"] == "checker":  # this file's own error stopped the script: never the script's
+            line = Line(
+                step, "--", "not checked: check_ddp's own error stopped the job here, at "
+                f"{facts.code(e['at'])}: {e['type']}: {short(e['message'])}",
+            )  # fmt: skip
+        elif facts.standin and needs_gpu(e):  # what the stand-in cannot run: not a mistake
             line = Line(
                 step,
                 "--",
@@ -2017,7 +2352,7 @@ def judge(job):
         lines.append(
             finding(RULES["DDP504"], Found(f"the check stopped the job: {facts.where_each_waits()}"))
         )
-    return sorted(lines, key=lambda line: line.step)
+    return consequences(sorted(lines, key=lambda line: line.step))
 
 
 def judge_step(facts, step):
@@ -2034,8 +2369,25 @@ def finding(rule, found, step=None):
     explains = rule.explains if found.explains is None else found.explains
     return Line(
         step or rule.step, rule.verdict, found.message, rule.code, found.help or rule.help, rule.see,
-        frozenset(explains),
+        frozenset(explains), found.follows,
     )  # fmt: skip
+
+
+def consequences(lines):
+    """One cause, one FAIL: a finding that says which later or earlier steps follow from it turns
+    those steps' lines (unless ok) into `--`, saying so: the step whose change fixes it is the one
+    that FAILs."""
+    roots = {step: (line, text) for line in lines for step, text in (line.follows or {}).items()}
+    out = []
+    for line in lines:
+        root = roots.get(line.step)
+        if root and line.verdict != "ok" and root[0] is not line:
+            text = root[1] or line.message
+            line = Line(
+                line.step, "--", f"follows from DDP step {root[0].step}: {text}", explains=line.explains
+            )
+        out.append(line)
+    return out
 
 
 def explain(code):
@@ -2064,6 +2416,7 @@ class Facts:
     def __init__(self, job):
         self.job = job
         self.explained = frozenset()  # what the lines so far account for: "crash", "hang"
+        self._trees = {}
 
     @functools.cached_property
     def starts(self):
@@ -2138,6 +2491,8 @@ class Facts:
                         loaders[e["loader"]]["data"].setdefault(rank, []).append(e["data"])
                 elif e["e"] == "step" and e.get("loader") in loaders:
                     loaders[e["loader"]]["training"] = True
+                elif e["e"] == "end" and e["loader"] in loaders and e["backward"]:
+                    loaders[e["loader"]]["training"] = True  # trained on, by an optimizer of the script's own
         return loaders
 
     @functools.cached_property
@@ -2185,6 +2540,37 @@ class Facts:
             return f"rank {rank} lost its peers at {self.code(e['at'])} ({short(e['message'])})"
         return None
 
+    @functools.cached_property
+    def unmatched_collective(self):
+        """The first collective the ranks did not call alike, each rank's collectives on the whole
+        job's group compared in order: (its place in the sequences, {rank: its call there, or None});
+        None where they match, or where a rank stopped on its own error (its sequence ends there)."""
+        if self.job.records("spawn") or len(self.job.ranks) < 2:
+            return None
+        if any(not COMMUNICATION_ERROR.search(e["message"]) for _, e in self.job.records("crash")):
+            return None
+        sequences = {
+            r: [
+                e
+                for e in events
+                if e["e"] == "coll" and (e["group"] is None or len(e["group"]) == self.world)
+            ]
+            for r, events in self.job.ranks.items()
+        }
+        for i in range(max(map(len, sequences.values()), default=0)):
+            calls = {r: s[i] if i < len(s) else None for r, s in sequences.items()}
+            if len({(c["name"], c["at"]) if c else None for c in calls.values()}) > 1:
+                return i, calls
+        return None
+
+    def unmatched_text(self):
+        i, calls = self.unmatched_collective
+        said = [
+            f"rank {r} called dist.{c['name']}() at {self.code(c['at'])}" if c else f"rank {r} called none"
+            for r, c in sorted(calls.items())
+        ]
+        return f"the ranks' {ordinal(i + 1)} collectives differ: " + "; ".join(said)
+
     def where_each_waits(self):
         parts = []
         for rank in sorted(self.job.ranks):
@@ -2199,7 +2585,18 @@ class Facts:
 
     def cause(self, hang=True):
         """Why the ranks fell out of step, seen from what each did: (code of the rule, the cause as
-        evidence), or None. Only a hang shows where each rank waits."""
+        evidence), or None. Each rank's collectives, compared, show it on every run, whether the job
+        hung, failed, or (by luck, pairing calls that do not belong together) ended; only a hang shows
+        where each rank waits."""
+        unmatched = self.unmatched_collective
+        for r, c in sorted(unmatched[1].items()) if unmatched else ():
+            condition = c and self.rank_condition(c["at"])
+            if condition:
+                return (
+                    "DDP609",
+                    f"{self.unmatched_text()}: rank {r}'s is inside `{condition}`, which only some "
+                    "ranks meet",
+                )
         for _, (call, at, stack) in sorted(self.waiting.items() if hang else ()):
             for line in stack if call and call != BACKWARD else ():
                 condition = self.rank_condition(line)
@@ -2235,6 +2632,8 @@ class Facts:
                 + ", ".join(f"rank {r}: {plural(c, 'pass')}" for r, c in sorted(epochs.items()))
                 + " over the training data)"
             )
+        if unmatched:
+            return "DDP508", self.unmatched_text()
         return None
 
     @functools.cached_property
@@ -2297,6 +2696,13 @@ class Facts:
                 return "unreduced", i, at, len(union), 0
             return ("padded" if total > len(union) else "exact"), i, at, len(union), total - len(union)
         return None
+
+    @functools.cached_property
+    def evaluated_alike(self):
+        """Whether every rank evaluated the very same batches (what each forward without gradients
+        was given, compared between ranks): then each has the whole held-out number, exact."""
+        seen = [e["eval_inputs"] for _, e in self.job.records("exit")]
+        return len(seen) == self.world > 1 and bool(seen[0]) and all(s == seen[0] for s in seen)
 
     @functools.cached_property
     def evaluated_by_hand(self):
@@ -2362,6 +2768,236 @@ class Facts:
                         found = (node.lineno, f"if {test}:")
         return found and found[1]
 
+    def tree(self, path):
+        """The script's file at path, parsed (None if it cannot be)."""
+        if path not in self._trees:
+            try:
+                self._trees[path] = ast.parse(self.job.source(path) or "")
+            except (SyntaxError, ValueError):
+                self._trees[path] = None
+        return self._trees[path]
+
+    def option_uses(self, dest):
+        """Where the script uses the value of its option `dest` (args.dest, after args =
+        parser.parse_args(), or a name assigned from it): (file:line, the if-test it decides or None,
+        the statement's source), in every file of the script's the job has."""
+        found = []
+        for path in sorted(self.job.sources):
+            tree = self.tree(path)
+            if tree is None:
+                continue
+            source = self.job.source(path)
+            parsed = {  # the names given parse_args()'s result
+                target.id
+                for node in ast.walk(tree)
+                if isinstance(node, ast.Assign) and isinstance(node.value, (ast.Call, ast.Subscript))
+                and re.search(r"parse(_known)?_args\(", ast.get_source_segment(source, node.value) or "")
+                for target in node.targets if isinstance(target, ast.Name)
+            }  # fmt: skip
+            aliases = {
+                target.id
+                for node in ast.walk(tree)
+                if isinstance(node, ast.Assign) and is_option(node.value, parsed, dest, set())
+                for target in node.targets if isinstance(target, ast.Name)
+            }  # fmt: skip
+            tests = {id(node.test): node for node in ast.walk(tree) if isinstance(node, (ast.If, ast.IfExp))}
+            for node in ast.walk(tree):
+                if not is_option(node, parsed, dest, aliases):
+                    continue
+                test = next(
+                    (t.test for t in tests.values() if any(n is node for n in ast.walk(t.test))), None
+                )
+                found.append((f"{path}:{node.lineno}", test, (parsed, aliases, path)))
+        return found
+
+    @functools.cached_property
+    def unpassed_local_rank(self):
+        """--local_rank (or --local-rank), which torchrun never passes, used for what the job did:
+        (its record, what its default did, {step: what of that step follows from it}). None where no
+        rank used the default for anything: an option declared and never read is no mistake."""
+        local = [(r, e) for r, e in self.job.records("arg") if "local" in e["option"] and not e["given"]]
+        if not local or len({r for r, _ in local}) < len(self.job.ranks):
+            return None
+        if len({json.dumps(e["value"]) for _, e in local}) > 1:
+            return None  # a default that differs by rank (read from LOCAL_RANK): as torchrun numbers them
+        e = local[0][1]
+        dest = e["option"].lstrip("-").replace("-", "_")
+        if self.option_set(dest):
+            return None  # the script sets it itself after parsing (from LOCAL_RANK, most often)
+        uses = {at for at, _, _ in self.option_uses(dest)}
+        effects, follows, crashed = [], {}, False
+        gpus = [g for _, g in self.job.records("gpu") if g["at"] in uses]
+        if gpus:
+            effects.append(f"every rank took cuda:{gpus[0]['index']} from it ({self.code(gpus[0]['at'])})")
+            follows[2] = f"every rank's GPU comes from {e['option']}, which torchrun does not pass"
+        if self.crash and self.crash[1]["at"] in uses:
+            r, c = self.crash
+            effects.append(
+                f"rank {r} failed with it at {self.code(c['at'])}: {c['type']}: {short(c['message'])}"
+            )
+            crashed = True
+        ranks = [i for _, i in self.job.records("init") if i["rank"] == e["value"] and i["at"] in uses]
+        if ranks:
+            effects.append(
+                f"every rank passed rank={e['value']!r} to init_process_group() at {ranks[0]['at']}"
+            )
+            follows[1] = f"the rank passed to init_process_group() is {e['option']}'s default"
+        for at, text, result, saves, acts in self.decided_guards(dest, e["value"]):
+            if acts:
+                effects.append(f"`if {text}:` at {at} is {result} on every rank")
+            if saves:
+                where_saved = ", ".join(saves)
+                effects[-1:] = [f"{effects[-1]}: no rank reaches the save at {where_saved}"] if acts else []
+                follows[6] = (
+                    f"no rank reaches the save at {where_saved} (`if {text}:` is {result} on every rank)"
+                )
+        return (e, effects, follows, crashed) if effects else None
+
+    def option_set(self, dest):
+        """Whether the script assigns args.dest itself (args.local_rank = int(os.environ[...]))."""
+        return any(
+            isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+            and any(
+                isinstance(t, ast.Attribute) and t.attr == dest
+                for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+            )
+            for path in self.job.sources
+            if self.tree(path)
+            for node in ast.walk(self.tree(path))
+        ) or bool(self.source_lines(rf"setattr\([^,]+,\s*['\"]{dest}['\"]"))
+
+    def decided_guards(self, dest, value):
+        """The ifs that test the option `dest` alone (with constants), which every rank, holding the
+        same value, decides alike: (file:line, the test's source, True or False, the torch.save lines
+        it guards), in order."""
+        guards = []
+        for at, test, (parsed, aliases, path) in self.option_uses(dest):
+            if test is None or any(at2 == at for at2, *_ in guards):
+                continue
+            known = functools.partial(known_option, parsed=parsed, dest=dest, aliases=aliases, value=value)
+            result = decide(test, known)
+            if result is UNDECIDED:
+                continue
+            owner = next(
+                n for n in ast.walk(self.tree(path)) if isinstance(n, (ast.If, ast.IfExp)) and n.test is test
+            )
+            saves = sorted(
+                {
+                    f"{path}:{n.lineno}"
+                    for branch in (
+                        (owner.body if result is False else owner.orelse) if isinstance(owner, ast.If) else []
+                    )
+                    for n in ast.walk(branch)
+                    if isinstance(n, ast.Call)
+                    and re.search(r"save", ast.get_source_segment(self.job.source(path), n.func) or "", re.I)
+                },
+                key=by_line,
+            )
+            source = self.job.source(path)
+            acts = any(
+                isinstance(n, ast.Call)
+                and re.search(SIGNIFICANT, ast.get_source_segment(source, n.func) or "")
+                for branch in ((owner.body, owner.orelse) if isinstance(owner, ast.If) else ())
+                for statement in branch
+                for n in ast.walk(statement)
+            )
+            guards.append(
+                (f"{path}:{test.lineno}", ast.get_source_segment(source, test), bool(result), saves, acts)
+            )
+        return guards
+
+    def source_lines(self, pattern):
+        """file:line of every line of the script's files that matches pattern, in order."""
+        return [
+            f"{path}:{n}"
+            for path in sorted(self.job.sources)
+            for n, text in enumerate((self.job.source(path) or "").splitlines(), 1)
+            if re.search(pattern, text) and not text.lstrip().startswith("#")
+        ]
+
+    def unreached_saves(self):
+        """torch.save( calls in the script's files that no rank made: file:line, in order."""
+        made = {e["at"] for _, e in self.job.records("save")}
+        found = []
+        for path in sorted(self.job.sources):
+            tree = self.tree(path)
+            for node in ast.walk(tree) if tree else ():
+                segment = (
+                    ast.get_source_segment(self.job.source(path), node) if isinstance(node, ast.Call) else ""
+                )
+                if segment and re.match(r"torch\.save\(", segment) and f"{path}:{node.lineno}" not in made:
+                    found.append(f"{path}:{node.lineno}")
+        return sorted(set(found), key=by_line)
+
+
+UNDECIDED = object()  # a value the source alone does not tell
+# calls whose running or not changes what the job does, not only what it prints
+SIGNIFICANT = (
+    r"save|init_process_group|DistributedDataParallel|DDP|barrier|all_reduce|broadcast|set_device|cuda|\.to$"
+)
+
+
+def known_option(node, parsed, dest, aliases, value):
+    return value if is_option(node, parsed, dest, aliases) else UNDECIDED
+
+
+def is_option(node, parsed, dest, aliases):
+    """Whether node reads the option dest: args.dest, where args holds parse_args()'s result, or an
+    alias assigned from it."""
+    if isinstance(node, ast.Attribute):
+        return node.attr == dest and isinstance(node.value, ast.Name) and node.value.id in parsed
+    return isinstance(node, ast.Name) and node.id in aliases and isinstance(node.ctx, ast.Load)
+
+
+def decide(node, value_of):
+    """The value of an if-test made of known values, constants, comparisons, not/and/or; UNDECIDED
+    if any part is not known. value_of(node) gives a known node's value, or UNDECIDED."""
+    import operator
+
+    known = value_of(node)
+    if known is not UNDECIDED:
+        return known
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        items = [decide(e, value_of) for e in node.elts]
+        return UNDECIDED if any(i is UNDECIDED for i in items) else tuple(items)
+    if isinstance(node, ast.UnaryOp):
+        operand = decide(node.operand, value_of)
+        if operand is UNDECIDED:
+            return UNDECIDED
+        return {ast.Not: operator.not_, ast.USub: operator.neg, ast.UAdd: operator.pos}.get(
+            type(node.op), lambda _: UNDECIDED
+        )(operand)
+    if isinstance(node, ast.BoolOp):
+        values = [decide(v, value_of) for v in node.values]
+        stop = isinstance(node.op, ast.Or)  # or: the first true decides; and: the first false
+        for v in values:
+            if v is UNDECIDED:
+                return UNDECIDED
+            if bool(v) is stop:
+                return v
+        return values[-1]
+    if isinstance(node, ast.Compare):
+        ops = {
+            ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
+            ast.Gt: operator.gt, ast.GtE: operator.ge, ast.In: lambda a, b: a in b,
+            ast.NotIn: lambda a, b: a not in b, ast.Is: operator.is_, ast.IsNot: operator.is_not,
+        }  # fmt: skip
+        left = decide(node.left, value_of)
+        for op, right_node in zip(node.ops, node.comparators, strict=True):
+            right = decide(right_node, value_of)
+            if left is UNDECIDED or right is UNDECIDED or type(op) not in ops:
+                return UNDECIDED
+            try:
+                if not ops[type(op)](left, right):
+                    return False
+            except TypeError:
+                return UNDECIDED
+            left = right
+        return True
+    return UNDECIDED
+
 
 # the calls the judge names (CALLS keys)
 INIT = "torch.distributed.init_process_group"
@@ -2413,15 +3049,35 @@ def crash_phase(facts, rank):
 
 
 def needs_gpu(event):
-    """An error from code that needs a real GPU (torch's, a CUDA extension's, Triton's), not the
-    script's own check of what it was given."""
+    """An error that says CUDA or NCCL is missing (this torch has neither), or that the stand-in lacks
+    something, whichever call raised it: the script's own GPU code, torch's, a CUDA extension's,
+    Triton's. Not the script's own raise (its check of what it was given), nor the errors the stand-in
+    acts out for a GPU the node does not have (check_ddp: ...), which are the script's."""
+    text = f"{event['type']}: {event['message']}" if event else ""
     return bool(
         event
-        and not event["by_script"]
-        and re.search(r"CUDA|NVIDIA|NCCL|nccl|cuda|GPU|[Tt]riton", f"{event['type']}: {event['message']}")
+        and event["raised"] != "raise"
+        and re.search(r"CUDA|NVIDIA|NCCL|nccl|cuda|GPU|[Tt]riton|StandIn", text)
+        and "(check_ddp: " not in event["message"]
         and "SyncBatchNorm" not in event["message"]
         and not re.search(r"out of memory", event["message"])
     )
+
+
+def own_errors(job):
+    """check_ddp's own errors in this job, as lines to show: its bookkeeping's (caught, the script
+    went on) and one that stopped the script. Never the script's: the check is incomplete."""
+    found = [
+        f"check_ddp.py's own error at {e['at']}, caught (your script went on): {e['type']}: "
+        f"{short(e['message'])}"
+        for _, e in job.records("fault")
+    ]
+    found += [
+        f"check_ddp.py's own error stopped rank {r}: {e['type']}: {short(e['message'])}"
+        for r, e in job.records("crash")
+        if e["raised"] == "checker"
+    ]
+    return list(dict.fromkeys(found))
 
 
 def short(message):
@@ -2461,6 +3117,10 @@ def both(ranks):
 def by_line(at):
     path, _, line = at.rpartition(":")
     return path, int(line) if line.isdigit() else 0
+
+
+def ordinal(n):
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
 
 def plural(n, word):
@@ -2657,12 +3317,14 @@ def step_1_summary(f):
 def out_of_step(f, code):
     """The finding of a rule about ranks falling out of step, when the cause is its own."""
     stall = f.stall()
-    if stall is None:
+    if stall is None and f.unmatched_collective is None:
         return None
     hang = f.job.hung and "hang" not in f.explained
     cause = f.cause(hang=hang)
     if (cause[0] if cause else "DDP504") != code:
         return None
+    if stall is None:  # the job ended, as if well: the ranks' collectives say otherwise
+        return Found(cause[1])
     if hang:
         return Found(stall + (f". {cause[1]}" if cause else ""))
     return Found(f"{stall}. {cause[1]}", explains=("crash",))
@@ -2717,6 +3379,24 @@ def left_loop_apart(f):
     every rank has, all-reduced, so that all stop at the same step.
     """
     return out_of_step(f, "DDP1007")
+
+
+@rule(
+    "DDP508",
+    "FAIL",
+    see="rank_zero_collective",
+    help="every rank must call the same collectives, in the same order: take each out of any branch only "
+    "some ranks take",
+)
+def collectives_differ(f):
+    """The ranks called different collectives: a call one rank makes and another does not.
+
+    A collective pairs each rank's call with the other ranks' calls in the order they come. When
+    one rank calls all_reduce where another calls barrier, or nothing, the calls that meet do not
+    belong together: the job hangs, fails on mismatched sizes, or (worse) goes on with numbers
+    that mean nothing. Compared rank by rank, the first call that differs is where they part.
+    """
+    return out_of_step(f, "DDP508")
 
 
 @rule(
@@ -3249,7 +3929,7 @@ def step_4_summary(f):
     total = max(e["steps"] for _, e in job.records("exit")) if job.records("exit") else None
     equal = "the replicas are equal at the end" if f.weights_differ == "" else "every forward went through it"
     return "ok", f"DDP at {job.records('ddp')[0][1]['at']}; {equal}" + (
-        f" ({plural(total, 'step')})" if total else ""
+        f" ({plural(total, 'optimizer step')})" if total else ""
     )
 
 
@@ -3295,9 +3975,18 @@ def host_sync_every_step(f):
     return None
 
 
-def reduced_sites(f):
-    colls = f.job.records("coll", rank=min(f.job.ranks)) if f.job.ranks else []
-    return sorted({e["at"] for _, e in colls if e["name"] in REDUCING}, key=by_line)
+def reduced_sites(f, evaluating=None):
+    """Where the lowest rank called a reducing collective: all of them, or (evaluating=True/False)
+    those after an evaluation began and before training went on (DDP step 10's), or the others."""
+    found, now = set(), False
+    for e in f.job.ranks.get(min(f.job.ranks), []) if f.job.ranks else []:
+        if e["e"] == "eval" or (e["e"] == "pass" and e["loader"] in f.evaluation):
+            now = True
+        elif e["e"] == "step" or (e["e"] == "pass" and e["loader"] in f.training_loaders):
+            now = False
+        elif e["e"] == "coll" and e["name"] in REDUCING and evaluating in (None, now):
+            found.add(e["at"])
+    return sorted(found, key=by_line)
 
 
 @rule(
@@ -3332,11 +4021,16 @@ def step_5_summary(f):
     steps = job.records("step", rank=min(job.ranks)) if job.ranks else []
     if not steps:
         return "--", "not checked: no optimizer step ran"
-    reduced = reduced_sites(f)
+    reduced = reduced_sites(f, evaluating=False)
+    if not reduced_sites(f):
+        return "--", "not checked: no metric was all-reduced before the job stopped"
+    if not reduced:  # the held-out numbers alone: DDP step 10's
+        return "ok", f"all-reduced after evaluating only, at {' and '.join(reduced_sites(f))} (DDP step 10)"
     calls = sum(1 for _, e in job.records("coll", rank=min(job.ranks)) if e["at"] in reduced)
     return (
         "ok",
-        f"all-reduced at {' and '.join(reduced)}: {plural(calls, 'call')} in {plural(len(steps), 'step')}",
+        f"all-reduced at {' and '.join(reduced)}: {plural(calls, 'call')} in "
+        f"{plural(len(steps), 'optimizer step')}",
     )
 
 
@@ -3621,7 +4315,10 @@ def starts_own_processes(f):
         return Found(
             f"{f.code(e['at'])} starts its own processes ({e['how']}): under torchrun each of the "
             f"{len(f.job.ranks)} processes is already one of the job's, and would start a job of its own "
-            "(the check ran in each the one child it stands for)"
+            "(the check ran in each the one child it stands for)",
+            # where a self-launching script's children meet (its MASTER_PORT, its init_method, the ranks
+            # it numbers) is part of its launch: gone with it, as torchrun makes the group
+            follows={1: ""},
         )
     return None
 
@@ -3644,12 +4341,14 @@ def rank_from_arguments(f):
     one rank. Read who the process is from the environment.
     """
     records = f.job.records("arg")
-    local = [(r, e) for r, e in records if "local" in e["option"] and not e["given"]]
-    if local and len({r for r, _ in local}) == len(f.job.ranks) and not f.read("LOCAL_RANK"):
-        e = local[0][1]
+    unpassed = f.unpassed_local_rank
+    if unpassed:
+        e, effects, follows, crashed = unpassed
         return Found(
             f"{f.code(e['at'])} reads {e['option']}, which torchrun does not pass: every rank got its "
-            f"default, {e['default']!r}, and no rank read LOCAL_RANK"
+            f"default, {e['default']!r}, and no rank read LOCAL_RANK; " + "; ".join(effects),
+            follows=follows,
+            explains=("crash",) if crashed else (),
         )
     # ranks numbered on the command line: several passed the one --rank they were all given to
     # init_process_group() (a rank taken from torchrun's LOCAL_RANK instead is step 1's: DDP106)
@@ -3823,7 +4522,7 @@ def accumulation_without_no_sync(f):
     if not steps:
         return None
     k = max(e["backward"] for e in steps)
-    synced = max(e["synced"] for e in steps)
+    synced = max(e["synced"] if e["prepared"] is None else e["prepared"] for e in steps)
     if synced > 1:
         return Found(
             f"{k} backward passes make each optimizer step, and {synced} of them all-reduce their gradients",
@@ -3831,6 +4530,41 @@ def accumulation_without_no_sync(f):
             "the last backward all-reduces them",
         )
     return None
+
+
+@rule(
+    "DDP902",
+    "FAIL",
+    see="no_sync",
+    help="use `with model.no_sync():` around the micro-batches that must not all-reduce (forward and "
+    "backward inside it); DDP reads require_backward_grad_sync at forward time, so setting it after the "
+    "forward is too late",
+)
+def steps_on_gradients_never_all_reduced(f):
+    """Optimizer steps took gradients that no backward all-reduced: the replicas drift apart.
+
+    DDP decides at each forward, from require_backward_grad_sync, whether the backward that follows
+    all-reduces the gradients; the last backward before an optimizer step must, as its all-reduce
+    carries every micro-batch's gradients, accumulated. When the last forward of a step had the
+    flag off (set False for good, or set True only after the forward: a private flag set too late),
+    every rank steps on gradients of its own and the replicas differ. Use model.no_sync() around the
+    micro-batches that accumulate, and let the last forward and backward run outside it.
+    """
+    steps = [e for _, e in f.job.records("step") if e["last"] is False and e["forward"] and e["backward"]]
+    if not steps or not f.job.records("ddp"):
+        return None
+    total = len([e for _, e in f.job.records("step") if e["forward"] and e["backward"]])
+    sets = f.source_lines(r"require_backward_grad_sync\s*=(?!=)")
+    where_set = f" (it is set at {', '.join(f.code(at) for at in sets[:2])})" if sets else ""
+    differ = f" The replicas differ at the end: {f.weights_differ}." if f.weights_differ else ""
+    return Found(
+        f"{len(steps)} of {total} optimizer steps took gradients that no backward all-reduced: the last DDP "
+        "forward "
+        f"of those steps had require_backward_grad_sync on{where_set}.{differ}",
+        follows={4: f"the replicas differ because {len(steps)} optimizer steps were never all-reduced"}
+        if f.weights_differ
+        else None,
+    )
 
 
 @summary(9)
@@ -3912,6 +4646,12 @@ def every_rank_evaluates_everything(f):
             f"every rank evaluated all {union} held-out samples (DataLoader at {f.code(at)}): exact, and "
             f"{f.world} times the work"
         )
+    if f.evaluated_by_hand and f.evaluated_alike:
+        return Found(
+            "every rank evaluated the very same batches, without a DataLoader (from "
+            f"{f.code(f.evaluated_by_hand[0])}): "
+            f"the held-out number is exact on each, and {f.world} times the work"
+        )
     return None
 
 
@@ -3930,7 +4670,7 @@ def evaluation_by_hand_not_reduced(f):
     number is the mean over every rank's batches.
     """
     by_hand = f.evaluated_by_hand
-    if by_hand and not by_hand[1]:
+    if by_hand and not by_hand[1] and not f.evaluated_alike:
         return Found(
             f"every rank evaluated batches of its own without a DataLoader (forwards without gradients "
             f"from {f.code(by_hand[0])}), and no collective followed: each rank's held-out number is its "
@@ -4065,8 +4805,15 @@ def how_it_ran(job):
 def report(job, lines):
     width = 100
     out = [f"check_ddp: {' '.join(job.command)}  ({how_it_ran(job)}; {job.seconds:.1f} s)"]
+    if job.then:
+        again = Job.load(job.folder / job.then)
+        shown = ", ".join(str(line.step) for line in judge_one(job) if line.code in LAYOUT_CODES)
+        out.append(
+            f"check_ddp: it stopped at DDP step {shown}, so checked again as {how_it_ran(again)} "
+            f"({again.seconds:.1f} s): DDP step {shown} from the first run, the other steps from this one"
+        )
     for line in lines:
-        head = f"step {line.step:<2} {line.verdict:<5} "
+        head = f"DDP step {line.step:<2} {line.verdict:<5} "
         indent = " " * len(head)
         out.append(
             textwrap.fill(
@@ -4080,13 +4827,19 @@ def report(job, lines):
                 )
             )
             out.append(f"{indent}see:  {see(line)}")  # whole, to copy
+    own = own_errors(job)
+    out += [f"check_ddp: {text}" for text in own]
     failed = [line.step for line in lines if line.verdict == "FAIL"]
     warned = [line.step for line in lines if line.verdict == "warn"]
     verdict = (
-        "FAIL: " + ", ".join(f"step {s}" for s in failed) + " failed" if failed else "ok: no step failed"
+        "FAIL: DDP step " + ", ".join(map(str, failed)) + " failed" if failed else "ok: no DDP step failed"
     )
     if warned:
-        verdict += f" ({plural(len(warned), 'warning')}: " + ", ".join(f"step {s}" for s in warned) + ")"
+        verdict += f" ({plural(len(warned), 'warning')}: DDP step " + ", ".join(map(str, warned)) + ")"
+    if own:
+        verdict += "; the check is incomplete: check_ddp's own error, above, is not your script's"
+    if any(line.verdict == "--" for line in lines):
+        verdict += ". --: not checked (the job did not show it)"
     out.append(f"check_ddp: {verdict}. The job's own output: {job.folder / 'output.log'}")
     return "\n".join(out)
 

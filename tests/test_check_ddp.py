@@ -31,7 +31,7 @@ from helpers import ROOT, copy_scripts, cpu_env, run, selected
 CHECK = ROOT / "check_ddp.py"
 CASES = sorted((ROOT / "tests" / "check_ddp_cases").glob("*.py"))
 JOBS = ROOT / "tests" / "check_ddp_jobs"
-STEP_LINE = re.compile(r"^step (\d+) +(ok|warn|FAIL|--) +(.*)$")
+STEP_LINE = re.compile(r"^DDP step (\d+) +(ok|warn|FAIL|--) +(.*)$")
 
 # The codes no case reaches yet, on a machine without GPUs: this list only shrinks (a case for
 # each, and its code leaves the list; a new rule comes with its case).
