@@ -157,6 +157,12 @@ def main(argv=None):
         folder = folder.parent if folder.is_file() else folder  # .../output.log, as the report names it
         if not (folder / "job.json").is_file():
             parser.error(f"{options.judge}: not the folder of a job (it has no job.json)")
+        made, ours = Job.made_by(folder), (FORMAT, recorder())
+        if made != ours:
+            parser.error(
+                f"{options.judge}: recorded by another version of check_ddp.py (format {made[0]}, recorder "
+                f"{made[1]}; this one's: {ours[0]}, {ours[1]}): check the script again with this one"
+            )
         job = Job.load(folder)
     else:
         if options.script is None:
@@ -259,7 +265,16 @@ class Job:
             )  # its code that never ran too
         self.sources = {path: text for path in sorted(cited) if (text := self.source(path)) is not None}
         ending = {name: getattr(self, name) for name in self.ENDING}
-        (self.folder / "job.json").write_text(json.dumps({**ending, "sources": self.sources}, indent=1))
+        made = {"format": FORMAT, "recorder": recorder()}
+        (self.folder / "job.json").write_text(
+            json.dumps({**made, **ending, "sources": self.sources}, indent=1)
+        )
+
+    @staticmethod
+    def made_by(folder):
+        """(format, recorder) of the check_ddp.py that recorded the job in folder."""
+        saved = json.loads((Path(folder) / "job.json").read_text())
+        return saved.get("format", 1), saved.get("recorder")
 
     @classmethod
     def load(cls, folder):
@@ -516,6 +531,22 @@ def check_record(event):
         OPTIONAL.get(kind, ())
     ):
         raise ValueError(f"check_ddp: a record that does not fit SCHEMA[{kind!r}]: {event}")
+
+
+# What a job folder is, for the judge that reads it: FORMAT, the layout of job.json and the records
+# (raised by hand when it changes), and recorder(), a digest of what is recorded: the record kinds and
+# their fields (OPTIONAL's left out: a field added with its default keeps older jobs readable) and the
+# calls watched. A folder made by another recorder is not judged (--judge says so): its records may
+# lack what today's rules read, or hold what they no longer mean.
+FORMAT = 2
+
+
+def recorder():
+    import hashlib
+
+    watched = sorted(f"{w.key}:{w.standin}" for w in WRAPPERS)
+    text = json.dumps({"format": FORMAT, "schema": SCHEMA, "watched": watched}, sort_keys=True)
+    return hashlib.blake2b(text.encode(), digest_size=6).hexdigest()
 
 
 def with_defaults(event):
@@ -2338,10 +2369,13 @@ def judge_one(job):
                 f"{facts.code(e['at'])}: {e['type']}: {short(e['message'])}",
             )  # fmt: skip
         elif facts.standin and needs_gpu(e):  # what the stand-in cannot run: not a mistake
+            judged = {x.step for x in lines if x.verdict != "--"}
+            step = next((s for s in STEPS if s >= step and s not in judged and s <= 8), step)
             line = Line(
                 step,
                 "--",
-                f"not checked: needs a GPU at {facts.code(e['at'])}: {e['type']}: {short(e['message'])}",
+                f"not checked: the job stopped where it needs a GPU, at {facts.code(e['at'])}: {e['type']}: "
+                f"{short(e['message'])}",
             )
         else:
             line = finding(RULES["DDP000"], RULES["DDP000"].check(facts), step=step)
@@ -2381,7 +2415,8 @@ def consequences(lines):
     out = []
     for line in lines:
         root = roots.get(line.step)
-        if root and line.verdict != "ok" and root[0] is not line:
+        # a line that is ok stays ok, unless the finding says what of it follows (its text)
+        if root and (line.verdict != "ok" or root[1]) and root[0] is not line:
             text = root[1] or line.message
             line = Line(
                 line.step, "--", f"follows from DDP step {root[0].step}: {text}", explains=line.explains
@@ -2654,6 +2689,11 @@ class Facts:
         return ""
 
     @functools.cached_property
+    def saved_files(self):
+        """The torch.save() calls that wrote a file (not a buffer in memory): (rank, record)."""
+        return [(r, e) for r, e in self.job.records("save") if e["path"]]
+
+    @functools.cached_property
     def reloads_wrapped(self):
         """Where the script loads module.-prefixed weights into a DDP model, if it does."""
         return next((e["at"] for _, e in self.job.records("load_state") if e["ddp"] and e["prefixed"]), None)
@@ -2854,17 +2894,15 @@ class Facts:
         return (e, effects, follows, crashed) if effects else None
 
     def option_set(self, dest):
-        """Whether the script assigns args.dest itself (args.local_rank = int(os.environ[...]))."""
-        return any(
-            isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign))
-            and any(
-                isinstance(t, ast.Attribute) and t.attr == dest
-                for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
-            )
-            for path in self.job.sources
-            if self.tree(path)
-            for node in ast.walk(self.tree(path))
-        ) or bool(self.source_lines(rf"setattr\([^,]+,\s*['\"]{dest}['\"]"))
+        """Whether the script assigns args.dest itself after parsing (args.local_rank =
+        int(os.environ["LOCAL_RANK"])), where args holds parse_args()'s result."""
+        for _, _, (parsed, _, path) in self.option_uses(dest):
+            for node in ast.walk(self.tree(path)):
+                targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+                for t in targets if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) else ():
+                    if isinstance(t, ast.Attribute) and t.attr == dest and is_parsed(t.value, parsed):
+                        return True
+        return bool(self.source_lines(rf"setattr\([^,]+,\s*['\"]{dest}['\"]"))
 
     def decided_guards(self, dest, value):
         """The ifs that test the option `dest` alone (with constants), which every rank, holding the
@@ -2906,6 +2944,21 @@ class Facts:
             )
         return guards
 
+    def assignments(self, attribute):
+        """file:line of every assignment to an attribute of that name in the script's files."""
+        return sorted(
+            {
+                f"{path}:{node.lineno}"
+                for path in self.job.sources
+                if self.tree(path)
+                for node in ast.walk(self.tree(path))
+                if isinstance(node, (ast.Assign, ast.AugAssign))
+                for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                if isinstance(t, ast.Attribute) and t.attr == attribute
+            },
+            key=by_line,
+        )
+
     def source_lines(self, pattern):
         """file:line of every line of the script's files that matches pattern, in order."""
         return [
@@ -2941,11 +2994,18 @@ def known_option(node, parsed, dest, aliases, value):
     return value if is_option(node, parsed, dest, aliases) else UNDECIDED
 
 
+def is_parsed(node, parsed):
+    """Whether node names parse_args()'s result: args, or self.args."""
+    return (isinstance(node, ast.Name) and node.id in parsed) or (
+        isinstance(node, ast.Attribute) and node.attr in parsed
+    )
+
+
 def is_option(node, parsed, dest, aliases):
     """Whether node reads the option dest: args.dest, where args holds parse_args()'s result, or an
     alias assigned from it."""
     if isinstance(node, ast.Attribute):
-        return node.attr == dest and isinstance(node.value, ast.Name) and node.value.id in parsed
+        return node.attr == dest and is_parsed(node.value, parsed) and isinstance(node.ctx, ast.Load)
     return isinstance(node, ast.Name) and node.id in aliases and isinstance(node.ctx, ast.Load)
 
 
@@ -3090,6 +3150,8 @@ def short(message):
     first = lines[0] if lines else ""
     if first.endswith(":") and len(lines) > 1:  # "Error(s) in loading state_dict for Net:", and what
         first += " " + lines[1].strip()
+    sentence = re.match(r"(.{20,}?[.!])\s", first)  # the first sentence, where a longer text follows
+    first = sentence.group(1) if sentence and len(first) > 160 else first
     return first if len(first) <= 160 else first[:157] + "..."
 
 
@@ -3323,11 +3385,24 @@ def out_of_step(f, code):
     cause = f.cause(hang=hang)
     if (cause[0] if cause else "DDP504") != code:
         return None
+    follows = None
+    unmatched = f.unmatched_collective
+    if unmatched and code in ("DDP609", "DDP508"):  # a metric all-reduced on some ranks only: its step's too
+        names = {c["at"] for c in unmatched[1].values() if c and c["name"] in REDUCING}
+        said = f"its all-reduce at {', '.join(sorted(names))} is one only some ranks call"
+        follows = {
+            step: said
+            for step, evaluating in ((5, False), (10, True))
+            if names
+            and set(reduced_sites(f, evaluating=evaluating)) <= names
+            and reduced_sites(f, evaluating)
+        }
+    said = cause[1][0].upper() + cause[1][1:] if cause else ""
     if stall is None:  # the job ended, as if well: the ranks' collectives say otherwise
-        return Found(cause[1])
+        return Found(said, follows=follows)
     if hang:
-        return Found(stall + (f". {cause[1]}" if cause else ""))
-    return Found(f"{stall}. {cause[1]}", explains=("crash",))
+        return Found(stall + (f". {said}" if cause else ""), follows=follows)
+    return Found(f"{stall}. {said}", explains=("crash",), follows=follows)
 
 
 @rule(
@@ -3647,16 +3722,24 @@ def overlapping_shards(f):
             continue
         some = next(iter(loader["made"].values()))
         for n in range(min(len(p) for p in passes.values())):
-            sets = {r: set(p[n]) for r, p in passes.items()}
-            ranks = sorted(sets)
-            shared = max(len(sets[a] & sets[b]) for a in ranks for b in ranks if a < b)
-            if shared > f.world - 1:  # more than DistributedSampler's padding can repeat
+            for k, sets in enumerate(
+                shards_of_a_pass(f, {r: p[n] for r, p in passes.items()}, some["length"])
+            ):
+                ranks = sorted(sets)
+                shared = max(len(sets[a] & sets[b]) for a in ranks for b in ranks if a < b)
+                if shared <= f.world - 1:  # no more than DistributedSampler's padding can repeat
+                    continue
                 length = some["length"]
+                when = (
+                    f"epoch {n + 1}"
+                    if not k
+                    else f"the {ordinal(k + 1)} pass over the data of a never-ending stream"
+                )
                 if all(sets[r] == sets[ranks[0]] for r in ranks) and length and len(sets[ranks[0]]) >= length:
-                    what = f"{ranks_text(ranks)} each drew all {length} samples in epoch {n + 1}"
+                    what = f"{ranks_text(ranks)} each drew all {length} samples in {when}"
                 else:
                     what = (
-                        f"in epoch {n + 1} the shards of {ranks_text(ranks)} share {shared} of their "
+                        f"in {when} the shards of {ranks_text(ranks)} share {shared} of their "
                         f"{min(len(s) for s in sets.values())} samples"
                     )
                 return (
@@ -3664,6 +3747,18 @@ def overlapping_shards(f):
                     f"{what} (DataLoader at {f.code(some['at'])}): each rank trains on the same data",
                 )
     return None
+
+
+def shards_of_a_pass(f, drawn, length):
+    """Each rank's shards of one pass, as sets, to compare between ranks: the pass itself, or, for a
+    sampler that never ends (a pass over many epochs' worth of data, as detectron2's and DINO's
+    stream indices), its consecutive windows of one epoch's share each, the data's size / N."""
+    size = length or len(set().union(*map(set, drawn.values())))
+    share = -(-size // max(1, f.world))
+    if not share or max(map(len, drawn.values())) <= share + f.world:
+        return [{r: set(d) for r, d in drawn.items()}]
+    windows = min(len(d) for d in drawn.values()) // share
+    return [{r: set(d[k * share : (k + 1) * share]) for r, d in drawn.items()} for k in range(windows)]
 
 
 def sampler_misconfigured(f, loader):
@@ -4106,7 +4201,7 @@ def wrapped_state_dict(f):
     single-GPU run fail with missing and unexpected keys. (If the script itself loads it into a
     bare model, that load fails, and the report shows the error.) Save model.module.state_dict().
     """
-    for _, e in f.job.records("save"):
+    for _, e in f.saved_files:
         if e["what"]["module_prefix"] and not f.reloads_wrapped:
             return Found(
                 f"the model keys saved at {f.code(e['at'])} start with module.: the state_dict() of the DDP "
@@ -4129,7 +4224,7 @@ def wrapped_state_dict_reloaded(f):
     own resume works. Nothing else can load the file as it is: the baseline, an evaluation
     script, the bare model. Save and load model.module's state instead.
     """
-    for _, e in f.job.records("save"):
+    for _, e in f.saved_files:
         if e["what"]["module_prefix"] and f.reloads_wrapped:
             at = f.reloads_wrapped
             return Found(
@@ -4186,7 +4281,7 @@ def compiled_state_dict(f):
     torch.compile wraps the model, and the wrapper's state_dict() prefixes every key with
     "_orig_mod.". Keep a reference to the bare model and save its state_dict().
     """
-    saves = f.job.records("save")
+    saves = f.saved_files
     if any(s["what"]["orig_mod_prefix"] for _, s in saves):
         return Found(
             f"the model keys saved at {f.code(saves[0][1]['at'])} start with _orig_mod.: a compiled model's, "
@@ -4203,7 +4298,7 @@ def no_optimizer_state(f):
     restarts them from zero, and trains differently from one that never stopped. Save
     optimizer.state_dict() (and the epoch) with the model, and load both.
     """
-    saves = f.job.records("save")
+    saves = f.saved_files
     if saves and not any(s["what"]["optimizer"] for _, s in saves):
         return Found(
             f"the checkpoint saved at {f.code(saves[0][1]['at'])} holds no optimizer state: training cannot "
@@ -4214,8 +4309,11 @@ def no_optimizer_state(f):
 
 @summary(6)
 def step_6_summary(f):
-    saves = f.job.records("save")
+    saves = f.saved_files
     if not saves:
+        unreached = f.unreached_saves()
+        if unreached:
+            return "--", f"not checked: no rank reached the torch.save() at {', '.join(unreached[:3])}"
         return "--", "not checked: the script saved nothing with torch.save()"
     names = sorted({os.path.basename(f.renamed.get(s["path"], s["path"]) or "?") for _, s in saves})
     shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
@@ -4363,6 +4461,7 @@ def rank_from_arguments(f):
                 f"passed rank={value!r} to init_process_group(), where torchrun numbers its processes in "
                 "RANK",
                 explains=("crash", "hang"),
+                follows={1: ""},  # the rank passed to init_process_group() is the command line's
             )
     return None
 
@@ -4554,13 +4653,13 @@ def steps_on_gradients_never_all_reduced(f):
     if not steps or not f.job.records("ddp"):
         return None
     total = len([e for _, e in f.job.records("step") if e["forward"] and e["backward"]])
-    sets = f.source_lines(r"require_backward_grad_sync\s*=(?!=)")
+    sets = f.assignments("require_backward_grad_sync")
     where_set = f" (it is set at {', '.join(f.code(at) for at in sets[:2])})" if sets else ""
     differ = f" The replicas differ at the end: {f.weights_differ}." if f.weights_differ else ""
     return Found(
         f"{len(steps)} of {total} optimizer steps took gradients that no backward all-reduced: the last DDP "
         "forward "
-        f"of those steps had require_backward_grad_sync on{where_set}.{differ}",
+        f"of those steps had require_backward_grad_sync off{where_set}.{differ}",
         follows={4: f"the replicas differ because {len(steps)} optimizer steps were never all-reduced"}
         if f.weights_differ
         else None,
@@ -4792,8 +4891,8 @@ def how_it_ran(job):
     """2 processes as 2 nodes of 1, GPU script stood in on the CPU: cuda -> cpu, nccl -> gloo."""
     n = len(job.ranks) or job.nproc
     processes = plural(n, "process")
-    if job.nnodes > 1:
-        processes += f" as {job.nnodes} nodes of {n // job.nnodes}"
+    if job.nnodes > 1 or job.then is None and job.folder.name == "one_node":
+        processes += f" as {plural(job.nnodes, 'node')} of {n // job.nnodes}"
     if job.device == "cuda":
         return f"{processes}, GPUs"
     asked = job.records("gpu") or any("nccl" in e["backend"].lower() for _, e in job.records("init"))
@@ -4839,7 +4938,7 @@ def report(job, lines):
     if own:
         verdict += "; the check is incomplete: check_ddp's own error, above, is not your script's"
     if any(line.verdict == "--" for line in lines):
-        verdict += ". --: not checked (the job did not show it)"
+        verdict += ". --: not checked (the job did not show it, or it follows from another step)"
     out.append(f"check_ddp: {verdict}. The job's own output: {job.folder / 'output.log'}")
     return "\n".join(out)
 

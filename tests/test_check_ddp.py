@@ -228,9 +228,15 @@ def reports(request, tmp_path_factory):
     The fixture hands out each check's future; a test waits for its own."""
     with ThreadPoolExecutor(max_workers=3) as pool:
         futures = {}
-        for case in (
-            params["case"] for params in selected(request, test_check_ddp_on_a_script_in_another_style)
-        ):
+        chosen = [
+            params["case"]
+            for test in (
+                test_check_ddp_on_a_script_in_another_style,
+                test_the_watcher_changes_nothing_a_script_prints,
+            )
+            for params in selected(request, test)
+        ]
+        for case in dict.fromkeys(chosen):
             folder = tmp_path_factory.mktemp(case.stem)
             shutil.copy(case, folder / case.name)
             futures[case.stem] = pool.submit(check, case.name, cwd=folder, expect=None)
@@ -253,6 +259,41 @@ def test_check_ddp_on_a_script_in_another_style(reports, case):
     again = run([sys.executable, str(CHECK), "--judge", str(job_folder(proc.stdout))], cwd=ROOT, expect=None)
     assert again.returncode == proc.returncode
     assert normalised(again.stdout) == normalised(proc.stdout)
+
+
+# The cases that run as CPU code too (plain torchrun, no GPU: CPU-aware, or CPU code), and end well
+CPU_CASES = [
+    case
+    for case in CASES
+    if case.stem.startswith("mnist_")
+    and case.stem != "mnist_no_init_process_group"
+    and "uneven" not in case.stem
+    or case.stem
+    in ("course_manual_sgd_no_set_epoch", "course_every_rank_evaluates_by_hand", "ema_copies_and_pickles_ok")
+]
+
+
+def printed(output):
+    """What a script printed, from a job's output: torchrun's own lines left out."""
+    return [
+        line
+        for line in output.splitlines()
+        if not re.match(r"[WIE]\d{4} |\*{5}|Setting OMP_NUM_THREADS", line) and line.strip()
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CPU_CASES, ids=[case.stem for case in CPU_CASES])
+def test_the_watcher_changes_nothing_a_script_prints(reports, case, tmp_path):
+    """An observer is judged by what it does not change: each CPU case, run as it is under torchrun
+    and run under check_ddp.py (watched, its GPU branch stood in where it has one), prints the very
+    same lines, its losses to the last digit among them."""
+    proc, _ = reports[case.stem].result()
+    shutil.copy(case, tmp_path / case.name)
+    plain = run(["torchrun", "--standalone", "--nproc_per_node=2", case.name], cwd=tmp_path, timeout=120)
+    watched = (job_folder(proc.stdout) / "output.log").read_text()
+    assert printed(plain.stdout + plain.stderr), "the case prints nothing to compare"
+    assert sorted(printed(watched)) == sorted(printed(plain.stdout + plain.stderr))
 
 
 # What the README's conversion leaves out ("an ordinary training script"), made concrete: its data,
