@@ -740,6 +740,17 @@ def attribute(thing, name):
     return None if hasattr(type(value), "__get__") and not callable(value) else value
 
 
+def path_of(file):
+    """The path a torch.save or torch.load goes to: a path, or an open file's name (io's own
+    attribute); None for a buffer in memory, or an object of the script's (nothing of it is called)."""
+    import io
+
+    path = file if isinstance(file, (str, os.PathLike)) else None
+    if isinstance(file, io.IOBase):
+        path = getattr(file, "name", None)
+    return path if isinstance(path, (str, os.PathLike)) else None
+
+
 def is_torchs(thing):
     """An object of torch's own classes (a sampler, a dataset wrapper): its methods are torch's."""
     return type(thing).__module__.startswith("torch.")
@@ -932,6 +943,7 @@ def watch():
     )
     os.register_at_fork(after_in_child=lambda: setattr(rec, "enabled", False))  # DataLoader workers
     watcher = Watcher(rec, node_gpus if standin else None)
+    watcher.input_sum = torch.compiler.disable(input_sum)  # torch.compile traces none of the watcher's sums
     if standin:
         stand_in_for_cuda(watcher)
     for wrapper in sorted(WRAPPERS, key=lambda wrapper: not wrapper.standin):
@@ -1306,7 +1318,7 @@ def ddp_forward(original, w, _):
                     model = placed(next(self.module.parameters(), first))
                     w.rec.add("input", device=placed(first), model=model, at=where())
                 if first is not None and first.numel():
-                    w.inputs.append(input_sum(first))
+                    w.inputs.append(w.input_sum(first))
         w.state["in_ddp"] = True
         try:
             return original(self, *args, **kwargs)
@@ -1334,7 +1346,7 @@ def evaluated(w, first=None):
 
     w.state["evaluations"] += 1
     if isinstance(first, torch.Tensor) and first.numel() and len(w.eval_inputs) < 256:
-        w.eval_inputs.append(input_sum(first))
+        w.eval_inputs.append(w.input_sum(first))
     if not w.state["evaluating"]:
         w.state["evaluating"] = True
         w.rec.add("eval", at=where(), loader=w.state["pass"] and w.state["pass"]["loader"])
@@ -1472,8 +1484,7 @@ def torch_save(original, w, _):
     def torch_save(obj, f, *args, **kwargs):
         with Quietly(w):
             if called_by_user():
-                path = f if isinstance(f, (str, os.PathLike)) else attribute(f, "name")
-                path = path if isinstance(path, (str, os.PathLike)) else None
+                path = path_of(f)
                 w.rec.add(
                     "save", path=path and os.path.abspath(path), at=where(), what=describe_checkpoint(obj)
                 )
@@ -1487,8 +1498,7 @@ def torch_load(original, w, _):
     def torch_load(f, *args, **kwargs):
         with Quietly(w):
             if called_by_user():
-                path = f if isinstance(f, (str, os.PathLike)) else attribute(f, "name")
-                path = path if isinstance(path, (str, os.PathLike)) else None
+                path = path_of(f)
                 w.rec.add(
                     "load",
                     path=path and os.path.abspath(path),
@@ -2858,8 +2868,10 @@ class Facts:
         local = [(r, e) for r, e in self.job.records("arg") if "local" in e["option"] and not e["given"]]
         if not local or len({r for r, _ in local}) < len(self.job.ranks):
             return None
-        if len({json.dumps(e["value"]) for _, e in local}) > 1:
-            return None  # a default that differs by rank (read from LOCAL_RANK): as torchrun numbers them
+        if len({json.dumps(e["value"]) for _, e in local}) > 1 or all(
+            str(e["value"]) == str(self.local_rank(r)) for r, e in local
+        ):
+            return None  # a default read from LOCAL_RANK (default=int(os.environ["LOCAL_RANK"])): torchrun's
         e = local[0][1]
         dest = e["option"].lstrip("-").replace("-", "_")
         if self.option_set(dest):
@@ -4444,7 +4456,10 @@ def rank_from_arguments(f):
         e, effects, follows, crashed = unpassed
         return Found(
             f"{f.code(e['at'])} reads {e['option']}, which torchrun does not pass: every rank got its "
-            f"default, {e['default']!r}, and no rank read LOCAL_RANK; " + "; ".join(effects),
+            f"default, {e['default']!r}"
+            + ("" if f.read("LOCAL_RANK") else ", and no rank read LOCAL_RANK")
+            + "; "
+            + "; ".join(effects),
             follows=follows,
             explains=("crash",) if crashed else (),
         )

@@ -29,8 +29,12 @@ def record(case):
     shutil.rmtree(kept, ignore_errors=True)
     kept.mkdir(parents=True)
     for pattern in KEPT:
-        for path in folder.glob(pattern):
-            shutil.copy(path, kept / path.name)
+        for path in [
+            *folder.glob(pattern),
+            *folder.glob(f"one_node/{pattern}"),
+        ]:  # a job checked again as one node
+            (kept / path.relative_to(folder)).parent.mkdir(exist_ok=True)
+            shutil.copy(path, kept / path.relative_to(folder))
     shutil.rmtree(folder)
     (kept / "report.txt").write_text(normalised(proc.stdout) + "\n")
     return f"{case.stem}: exit {proc.returncode}"

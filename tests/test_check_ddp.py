@@ -97,16 +97,18 @@ def job_folder(stdout):
     return Path(re.search(r"The job's own output: (.*)/output.log$", stdout.strip()).group(1))
 
 
-def expectation(path):
+def expectation(path, device="cpu"):
     """(exit status, {step: (verdict, code or None)}, the pitfall numbers named, the lines marked
-    `here`)."""
+    `here`), for a job that ran where device says: "cuda" (on real GPUs, one a process: the case's
+    `gpu:` part, where it has one), or "cpu" (CUDA stood in, or none)."""
     text = path.read_text()
     line = re.search(r"^# check_ddp: (.*)$", text, re.M)
     assert line, f"{path.name} states no expectation"
     cpu, _, gpu = line.group(1).partition(", gpu:")
-    spec = gpu if torch.cuda.is_available() and gpu else cpu
+    on_gpus = device == "cuda" and bool(gpu)
+    spec = gpu if on_gpus else cpu
     status = int(re.search(r"exit (\d)", cpu).group(1))
-    if gpu and torch.cuda.is_available():
+    if on_gpus:
         status = 1 if "FAIL" in gpu else 0
     verdicts = {
         int(step): (verdict, code or None)
@@ -119,8 +121,8 @@ def expectation(path):
     return status, verdicts, see, marked
 
 
-def assert_says_what_the_case_states(case, status, steps, stdout):
-    expected, verdicts, see, marked = expectation(case)
+def assert_says_what_the_case_states(case, status, steps, stdout, device="cpu"):
+    expected, verdicts, see, marked = expectation(case, device)
     assert status == expected, f"exit {status}, expected {expected}\n{stdout}"
     assert set(range(1, 9)) <= steps.keys(), stdout  # every step of the guide has its line
     for step, (verdict, code) in verdicts.items():
@@ -162,7 +164,30 @@ def test_a_recorded_job_judged_again_says_what_its_case_states(tool, case, monke
         "the report differs from the one recorded: if the change is meant, record it again "
         f"(python tests/record_check_ddp_jobs.py {case.stem})\n{text}"
     )
-    assert_says_what_the_case_states(case, status, parse(text), text)
+    assert_says_what_the_case_states(case, status, parse(text), text, device=job.device)
+
+
+def test_the_recorded_jobs_were_recorded_by_todays_recorder(tool):
+    """A job recorded before the watcher changed what it records (a record kind, a field, a call
+    watched) may lack what today's rules read: record it again."""
+    stale = [
+        case.stem for case in CASES if tool.Job.made_by(JOBS / case.stem) != (tool.FORMAT, tool.recorder())
+    ]
+    assert not stale, f"re-record: python tests/record_check_ddp_jobs.py {' '.join(stale)}"
+
+
+def test_a_gpu_machine_judges_the_recorded_jobs_as_they_ran(tool, monkeypatch):
+    """The `gpu:` part of a case is for a job that ran on GPUs; every recorded job ran on a CPU, and
+    is judged as such where pytest sees GPUs too (simulated here)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    case = next(c for c in CASES if c.stem == "titan_global_rank_device")  # gpu: exit 0, cpu: FAIL step 2
+    job = tool.Job.load(JOBS / case.stem)
+    lines = tool.judge(job)
+    text = tool.report(job, lines)
+    status = 1 if any(line.verdict == "FAIL" for line in lines) else 0
+    assert job.device == "cpu" and status == 1
+    assert_says_what_the_case_states(case, status, parse(text), text, device=job.device)
 
 
 def test_every_rule_has_a_code_an_explanation_and_a_case(tool):

@@ -133,7 +133,7 @@ def main():
     local_rank = args.local_rank
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)  # check_ddp: here
+        torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
 
@@ -147,7 +147,7 @@ def main():
     test_loader = DataLoader(dataset2, batch_size=args.test_batch_size, sampler=test_sampler)
 
     model = Net().to(device)
-    model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
+    model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)  # check_ddp: here
     optimizer = optim.Adadelta(model.parameters(), lr=args.lr)
 
     scheduler = StepLR(optimizer, step_size=1, gamma=args.gamma)

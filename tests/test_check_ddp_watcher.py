@@ -1,0 +1,125 @@
+"""check_ddp.py's watcher, in this process: the pieces that must never change what a script does or
+blame it for what is not its own. (tests/test_check_ddp.py runs it whole, on scripts.)"""
+
+import ast
+import gc
+import sys
+
+import pytest
+from test_check_ddp import load_tool
+
+
+@pytest.fixture(scope="module")
+def tool():
+    return load_tool()
+
+
+class Recorded:
+    """A watcher's recorder, kept in a list."""
+
+    def __init__(self):
+        self.records = []
+
+    def add(self, kind, **fields):
+        self.records.append({"e": kind, **fields})
+
+
+class Watcher:
+    def __init__(self):
+        self.rec, self.faults = Recorded(), set()
+
+
+def test_the_watchers_own_error_is_recorded_once_and_never_reaches_the_script(tool):
+    w = Watcher()
+    for _ in range(3):
+        with tool.Quietly(w):
+            {}["the watcher's own bookkeeping fails"]
+    assert [(r["e"], r["type"]) for r in w.rec.records] == [("fault", "KeyError")]
+    assert w.rec.records[0]["at"].startswith("test_check_ddp_watcher.py:")
+    with pytest.raises(KeyboardInterrupt), tool.Quietly(w):  # not an error of the watcher's: passed on
+        raise KeyboardInterrupt
+
+
+def raised_in(tmp_path, source):
+    """The traceback of an error raised by source, run as a script's file of its own."""
+    path = tmp_path / "my_train.py"
+    path.write_text(source)
+    try:
+        exec(compile(source, str(path), "exec"), {})
+    except Exception as error:  # noqa: BLE001
+        return sys.exc_info()[2], error
+    raise AssertionError("no error")
+
+
+@pytest.mark.parametrize(
+    ("source", "who"),
+    [
+        ("assert 1 == 2, 'needs 2 GPUs'", "raise"),
+        ("raise RuntimeError('Requires at least 2 GPUs to run')", "raise"),
+        ("len(object())", "call"),  # a call the script made raised inside: not its own raise
+        ("import json\njson.loads('{')", "call"),
+    ],
+)
+def test_whose_error_it_is(tool, tmp_path, source, who):
+    tb, error = raised_in(tmp_path, source)
+    assert tool.who_raised(tb, error) == who
+
+
+def test_an_error_of_the_checkers_own_code_is_the_checkers(tool):
+    try:
+        tool.decide(ast.parse("x == 1", mode="eval").body, None)  # value_of None: a TypeError in its code
+    except TypeError as error:
+        assert tool.who_raised(sys.exc_info()[2], error) == "checker"
+    else:
+        raise AssertionError("no error")
+
+
+@pytest.mark.parametrize(
+    ("raised", "message", "stood_in"),
+    [
+        ("call", "Cannot get CUDA generator without ATen_cuda library. PyTorch splits its backend", True),
+        ("call", "module 'torch._C' has no attribute '_cuda_setDevice'", True),
+        ("call", "'StandInProperties' object has no attribute 'L2_cache_size'", True),
+        ("raise", "Requires at least 2 GPUs to run, but got 1", False),  # the script's own check
+        (
+            "call",
+            "CUDA error: invalid device ordinal (check_ddp: cuda:1 asked, and this node has 1 GPU)",
+            False,
+        ),
+        ("call", "Error(s) in loading state_dict for Net: Missing key(s)", False),
+    ],
+)
+def test_what_needs_a_gpu_is_not_checked_and_never_the_scripts(tool, raised, message, stood_in):
+    event = {"type": "RuntimeError", "message": message, "raised": raised}
+    assert tool.needs_gpu(event) is stood_in
+
+
+@pytest.mark.parametrize(
+    ("test", "decided"),
+    [
+        ("args.local_rank == 0", False),
+        ("args.local_rank in [-1, 0]", True),
+        ("not args.local_rank >= 0", True),
+        ("args.local_rank != -1 and later", False),  # decided before the unknown part
+        ("later and args.local_rank == 0", "undecided"),
+        ("rank == 0", "undecided"),
+    ],
+)
+def test_a_guard_on_an_option_every_rank_holds_alike_is_decided_alike(tool, test, decided):
+    def value_of(node):
+        is_option = isinstance(node, ast.Attribute) and node.attr == "local_rank"
+        return -1 if is_option else tool.UNDECIDED
+
+    result = tool.decide(ast.parse(test, mode="eval").body, value_of)
+    assert (result if result is not tool.UNDECIDED else "undecided") == decided
+
+
+def test_what_the_watcher_knows_of_an_object_is_kept_beside_it_and_goes_with_it(tool):
+    import torch
+
+    beside, tensor = tool.Beside(), torch.zeros(3)
+    beside.set(tensor, 1)
+    assert beside.get(tensor) == 1 and not vars(tensor)  # nothing on the tensor itself
+    del tensor
+    gc.collect()
+    assert not beside.table  # forgotten with it: nothing kept alive, no id reused wrongly
