@@ -943,7 +943,8 @@ def watch():
     )
     os.register_at_fork(after_in_child=lambda: setattr(rec, "enabled", False))  # DataLoader workers
     watcher = Watcher(rec, node_gpus if standin else None)
-    watcher.input_sum = torch.compiler.disable(input_sum)  # torch.compile traces none of the watcher's sums
+    # torch.compile traces none of the watcher's own work on a forward
+    watcher.note_forward = torch.compiler.disable(functools.partial(note_forward, watcher))
     if standin:
         stand_in_for_cuda(watcher)
     for wrapper in sorted(WRAPPERS, key=lambda wrapper: not wrapper.standin):
@@ -1300,25 +1301,8 @@ def ddp_init(original, w, _):
     "torch.nn.parallel.DistributedDataParallel", "forward", step=4, label="DDP forward", compiled_through=True
 )
 def ddp_forward(original, w, _):
-    import torch
-
     def ddp_forward(self, *args, **kwargs):
-        with Quietly(w):
-            first = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
-            if not torch.is_grad_enabled():
-                evaluated(w, first)  # a forward without gradients: evaluation, or inference
-            else:
-                w.state["forward"] += 1
-                # DDP prepares the all-reduce of the coming backward here, at forward time, or not
-                w.state["last"] = bool(self.require_backward_grad_sync)
-                w.state["prepared"] += w.state["last"]
-                if (
-                    first is not None and w.state["forward"] == 1 and w.node_gpus
-                ):  # stood in: the batch's place
-                    model = placed(next(self.module.parameters(), first))
-                    w.rec.add("input", device=placed(first), model=model, at=where())
-                if first is not None and first.numel():
-                    w.inputs.append(w.input_sum(first))
+        w.note_forward(self, args, kwargs)
         w.state["in_ddp"] = True
         try:
             return original(self, *args, **kwargs)
@@ -1326,6 +1310,28 @@ def ddp_forward(original, w, _):
             w.state["in_ddp"] = False
 
     return ddp_forward
+
+
+def note_forward(w, ddp, args, kwargs):
+    """What a forward through the DDP model tells: an evaluation, or a training forward (its input,
+    and whether DDP prepared its backward's all-reduce). Out of torch.compile's sight (watch() makes
+    it so): none of what it computes may become part of a graph of the script's."""
+    import torch
+
+    with Quietly(w):
+        first = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
+        if not torch.is_grad_enabled():
+            evaluated(w, first)  # a forward without gradients: evaluation, or inference
+            return
+        w.state["forward"] += 1
+        # DDP prepares the all-reduce of the coming backward here, at forward time, or not
+        w.state["last"] = bool(ddp.require_backward_grad_sync)
+        w.state["prepared"] += w.state["last"]
+        if first is not None and w.state["forward"] == 1 and w.node_gpus:  # stood in: the batch's place
+            model = placed(next(ddp.module.parameters(), first))
+            w.rec.add("input", device=placed(first), model=model, at=where())
+        if first is not None and first.numel():
+            w.inputs.append(input_sum(first))
 
 
 def input_sum(tensor):
@@ -1346,7 +1352,7 @@ def evaluated(w, first=None):
 
     w.state["evaluations"] += 1
     if isinstance(first, torch.Tensor) and first.numel() and len(w.eval_inputs) < 256:
-        w.eval_inputs.append(w.input_sum(first))
+        w.eval_inputs.append(input_sum(first))
     if not w.state["evaluating"]:
         w.state["evaluating"] = True
         w.rec.add("eval", at=where(), loader=w.state["pass"] and w.state["pass"]["loader"])
@@ -2868,8 +2874,8 @@ class Facts:
         local = [(r, e) for r, e in self.job.records("arg") if "local" in e["option"] and not e["given"]]
         if not local or len({r for r, _ in local}) < len(self.job.ranks):
             return None
-        if len({json.dumps(e["value"]) for _, e in local}) > 1 or all(
-            str(e["value"]) == str(self.local_rank(r)) for r, e in local
+        if len({json.dumps(e["value"]) for _, e in local}) > 1 or self.default_from_local_rank(
+            e := local[0][1]
         ):
             return None  # a default read from LOCAL_RANK (default=int(os.environ["LOCAL_RANK"])): torchrun's
         e = local[0][1]
@@ -2904,6 +2910,25 @@ class Facts:
                     f"no rank reaches the save at {where_saved} (`if {text}:` is {result} on every rank)"
                 )
         return (e, effects, follows, crashed) if effects else None
+
+    def default_from_local_rank(self, arg):
+        """Whether the option's default is read from LOCAL_RANK: the script read it inside the
+        add_argument() (or set_defaults()) call that names the option."""
+        reads = {e["at"] for _, e in self.job.records("read") if e["key"] == "LOCAL_RANK" and e["found"]}
+        dest = arg["option"].lstrip("-").replace("-", "_")
+        for path in self.job.sources:
+            tree, source = self.tree(path), self.job.source(path)
+            for node in ast.walk(tree) if tree else ():
+                if isinstance(node, ast.Call) and re.search(
+                    r"add_argument|set_defaults", ast.get_source_segment(source, node.func) or ""
+                ):
+                    text = ast.get_source_segment(source, node) or ""
+                    if (arg["option"] in text or f"{dest}=" in text) and any(
+                        f"{path}:{n}" in reads
+                        for n in range(node.lineno, (node.end_lineno or node.lineno) + 1)
+                    ):
+                        return True
+        return False
 
     def option_set(self, dest):
         """Whether the script assigns args.dest itself after parsing (args.local_rank =

@@ -28,8 +28,8 @@ def main():
     # 1. init distributed
     dist.init_process_group("nccl")
     rank = int(os.environ["RANK"])
-    device = torch.device("cuda", rank)  # check_ddp: here
-    torch.cuda.set_device(device)
+    device = torch.device("cuda", rank)
+    torch.cuda.set_device(device)  # check_ddp: here
     # 2. build the dataloader
     data = build_dataset(512)
     sampler = DistributedSampler(data, seed=0)
