@@ -143,6 +143,13 @@ def main(argv=None):
         help="judge again the job a check left in FOLDER (or its output.log, as the report's last line names "
         "it); runs nothing",
     )
+    parser.add_argument(
+        "--format",
+        choices=("text", "json"),
+        default="text",
+        help="the report as text (default), or as JSON: each DDP step's finding with its verdict, code, "
+        "message, file:line, help and see, for editors and CI",
+    )
     parser.add_argument("script", nargs="?", help="your training script")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="its own arguments")
     options = parser.parse_args(argv)
@@ -185,10 +192,12 @@ def main(argv=None):
             job.save()
             job = Job.load(job.folder)
     lines = judge(job)
-    print(report(job, lines))
-    if own_errors(job):
-        return 3  # the check itself failed: whatever it found is incomplete
-    return 1 if any(line.verdict == "FAIL" for line in lines) else 0
+    status = 3 if own_errors(job) else 1 if any(line.verdict == "FAIL" for line in lines) else 0
+    # 3: the check itself failed, and whatever it found is incomplete
+    print(
+        json.dumps(as_json(job, lines, status), indent=1) if options.format == "json" else report(job, lines)
+    )
+    return status
 
 
 # -----------------------------------------------------------------------------
@@ -853,6 +862,57 @@ def watches(owner, *names, step, label, compiled_through=False, standin=False):
     return register
 
 
+# torch's private names that the watcher and the stand-in rely on, beyond the calls they wrap: a
+# module's or class's attribute ("torch.jit._builtins._get_builtin_table"), or an instance's, on an
+# instance made from nothing ("torch.nn.Module()._forward_pre_hooks"). Each is looked up when a job
+# starts (one missing is the check's fault: it says it is incomplete) and by the quick tier of the
+# tests, so that a torch that renames one fails loudly, with its name, and never silences a rule.
+PRIVATE = (
+    "torch.jit._builtins._get_builtin_table",
+    "torch._C._nn._parse_to",
+    "torch.nn.parallel.data_parallel._get_available_device_type",
+    "torch.amp.autocast_mode.autocast",
+    "torch.amp.grad_scaler.GradScaler",
+    "torch.nn.modules.batchnorm._BatchNorm.forward",
+    "torch.optim.optimizer.register_optimizer_step_post_hook",
+    "torch.nn.Module._compiled_call_impl",
+    "torch.nn.Module()._forward_pre_hooks",
+    "torch.nn.Module()._forward_pre_hooks_with_kwargs",
+    "torch.utils.data.DataLoader([0])._dataset_kind",
+    "torch._dynamo.utils.counters",
+    "multiprocessing.process.BaseProcess()._target",
+    "argparse.ArgumentParser()._actions",
+)
+
+
+def missing_names(imported_only=False):
+    """The names the watcher relies on that this torch (and Python) lacks: every call it wraps, and
+    PRIVATE's (imported_only: only those of modules imported already: torch._dynamo takes seconds,
+    and is read only if the script imported it). Empty when all are there."""
+    missing = []
+    for wrapper in WRAPPERS:
+        try:
+            if not hasattr(resolve(wrapper.owner), wrapper.name):
+                missing.append(wrapper.key)
+        except (ImportError, AttributeError):
+            missing.append(wrapper.key)
+    for name in PRIVATE:
+        owner, _, attr = name.rpartition(".")
+        if imported_only and owner.split("(")[0].rpartition(".")[0] not in sys.modules:
+            continue
+        try:
+            if owner.endswith(")"):  # an instance's, made from nothing
+                made, _, given = owner[:-1].partition("(")
+                thing = resolve(made)(*([json.loads(given)] if given else []))
+            else:
+                thing = resolve(owner)
+            if not hasattr(thing, attr):
+                missing.append(name)
+        except (ImportError, AttributeError, TypeError):
+            missing.append(name)
+    return missing
+
+
 def resolve(dotted):
     """A module or a class by its dotted name: torch.distributed, torch.utils.data.DataLoader."""
     try:
@@ -903,7 +963,7 @@ class Watcher:
     def apply(self, wrapper):
         owner = resolve(wrapper.owner)
         original = getattr(owner, wrapper.name, None)
-        if original is None:
+        if original is None:  # this torch has no such call: never skipped in silence (missing_names)
             return
         function = functools.wraps(original)(wrapper.make(original, self, wrapper.name))
         # a code object of its own, so that a frame of it names its call (wrappers share their code)
@@ -950,6 +1010,15 @@ def watch():
     for wrapper in sorted(WRAPPERS, key=lambda wrapper: not wrapper.standin):
         if standin or not wrapper.standin:
             watcher.apply(wrapper)
+    for name in missing_names(
+        imported_only=True
+    ):  # a torch that renamed what the watcher relies on: the check is incomplete
+        rec.add(
+            "fault",
+            type="missing",
+            message=f"this torch has no {name}: check_ddp.py does not know it",
+            at=name,
+        )
     keep_torchscript_builtins(watcher)
     register_optimizer_step_post_hook(functools.partial(after_step, watcher))
     sys.addaudithook(functools.partial(audit, watcher))
@@ -1396,11 +1465,7 @@ def module_getstate(original, w, _):
         if info and info["hooks"]:
             ours = {handle.id for handle in info["hooks"]}
             state = dict(state)
-            for name in (
-                "_forward_pre_hooks",
-                "_forward_pre_hooks_with_kwargs",
-                "_forward_pre_hooks_always_called",
-            ):
+            for name in ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs"):
                 if isinstance(state.get(name), dict):
                     state[name] = type(state[name])((k, v) for k, v in state[name].items() if k not in ours)
         return state
@@ -2323,6 +2388,21 @@ class Rule:
 
 
 RULES = {}  # code: Rule, each step's in the order they are tried
+# Codes that existed and were retired: what a report that named one means now. A code is never
+# reused; --explain OLD says where it went.
+RETIRED = {
+    "DDP402": "retired: SyncBatchNorm on a CPU. The stand-in runs SyncBatchNorm as BatchNorm on the CPU, "
+    "so a GPU script is checked as it runs on GPUs; a CPU script of yours that uses it fails with its own "
+    "error (DDP000).",
+    "DDP501": "moved to DDP609 (DDP step 6): a collective inside a rank-only block, under the step the "
+    "README teaches it in.",
+    "DDP502": "moved to DDP307 (DDP step 3): uneven inputs, ranks with different numbers of batches.",
+    "DDP503": "moved to DDP1007 (DDP step 10): ranks that leave the training loop apart (an early stop).",
+    "DDP802": "retired: nccl asked for on a machine without GPUs. nccl is stood in by gloo there: the "
+    "script is checked as it runs on GPUs.",
+    "DDP803": "retired: a GPU asked for on a machine without GPUs. CUDA is stood in on the CPU there; what "
+    "cannot be stood in is not checked (--), never the script's mistake.",
+}
 SUMMARIES = {}  # step: the function saying ok or -- (not checked) when no rule finds anything
 
 
@@ -2451,7 +2531,7 @@ def explain(code):
         )
     rule = RULES.get(code.upper())
     if rule is None:
-        return None
+        return f"{code.upper()}: {RETIRED[code.upper()]}" if code.upper() in RETIRED else None
     step = f"step {rule.step}, {STEPS[rule.step]}" if rule.step else "the step the script was in"
     head = f"{rule.code} ({rule.verdict}, {step})"
     parts = [head, "", rule.doc, "", f"help: {rule.help}"]
@@ -4939,6 +5019,32 @@ def how_it_ran(job):
     return f"{processes}, " + (
         "GPU script stood in on the CPU: cuda -> cpu, nccl -> gloo" if asked else "CPU"
     )
+
+
+def as_json(job, lines, status):
+    """The report as data: what ran, and a finding per DDP step, as the text report has them."""
+    findings = [
+        {
+            "step": line.step,
+            "name": STEPS[line.step],
+            "verdict": line.verdict,
+            "code": line.code,
+            "message": line.message,
+            "at": re.findall(r"[\w./-]+\.py:\d+", line.message),
+            "help": line.help if line.verdict in ("FAIL", "warn") else None,
+            "see": see(line) if line.verdict in ("FAIL", "warn") else None,
+        }
+        for line in lines
+    ]
+    return {
+        "command": job.command,
+        "how": how_it_ran(job),
+        "seconds": round(job.seconds, 1),
+        "exit": status,
+        "findings": findings,
+        "own_errors": own_errors(job),
+        "output": str(job.folder / "output.log"),
+    }
 
 
 def report(job, lines):

@@ -24,8 +24,8 @@ KEPT = ("job.json", "output.log", "rank*.jsonl")  # what the judge reads
 def record(case):
     with tempfile.TemporaryDirectory() as work:
         shutil.copy(case, Path(work) / case.name)
-        proc, _ = check(case.name, cwd=work, expect=None)
-    folder, kept = job_folder(proc.stdout), JOBS / case.stem
+        proc, report = check(case.name, cwd=work, expect=None)
+    folder, kept = job_folder(report), JOBS / case.stem
     shutil.rmtree(kept, ignore_errors=True)
     kept.mkdir(parents=True)
     for pattern in KEPT:
@@ -36,7 +36,9 @@ def record(case):
             (kept / path.relative_to(folder)).parent.mkdir(exist_ok=True)
             shutil.copy(path, kept / path.relative_to(folder))
     shutil.rmtree(folder)
-    (kept / "report.txt").write_text(normalised(proc.stdout) + "\n")
+    tool = load_tool()
+    job = tool.Job.load(kept)
+    (kept / "report.txt").write_text(normalised(tool.report(job, tool.judge(job))) + "\n")
     return f"{case.stem}: exit {proc.returncode}"
 
 

@@ -18,6 +18,7 @@ every change; the report must be the one recorded, and say what the case states.
 """
 
 import importlib.util
+import json
 import re
 import shutil
 import sys
@@ -31,7 +32,6 @@ from helpers import ROOT, copy_scripts, cpu_env, run, selected
 CHECK = ROOT / "check_ddp.py"
 CASES = sorted((ROOT / "tests" / "check_ddp_cases").glob("*.py"))
 JOBS = ROOT / "tests" / "check_ddp_jobs"
-STEP_LINE = re.compile(r"^DDP step (\d+) +(ok|warn|FAIL|--) +(.*)$")
 
 # The codes no case reaches yet, on a machine without GPUs: this list only shrinks (a case for
 # each, and its code leaves the list; a new rule comes with its case).
@@ -59,42 +59,37 @@ def load_tool(path=CHECK):
     return module
 
 
-def parse(stdout):
-    """A report, step by step: {step: (verdict, text, code)}; the code is the finding's, from its
-    see: line (None for ok and --)."""
-    steps, current = {}, None
-    for line in stdout.splitlines():
-        found = STEP_LINE.match(line)
-        if found:
-            current = int(found.group(1))
-            steps[current] = [found.group(2), found.group(3), None]
-        elif current is not None and line.startswith(" "):
-            steps[current][1] += "\n" + line.strip()
-            code = re.search(r"--explain (DDP\d+)$", line)
-            if code:
-                steps[current][2] = code.group(1)
-    assert stdout.splitlines()[-1].startswith("check_ddp: "), stdout
-    return {step: tuple(value) for step, value in steps.items()}
+def steps_of(findings, see=None):
+    """{step: (verdict, its words: message, help and see, code)}, from a report's findings: the JSON
+    of `check_ddp.py --format json` (dicts), or the lines judge() returns (objects, with the tool's
+    see() to say where to read more)."""
+    steps = {}
+    for f in findings:
+        if not isinstance(f, dict):
+            f = {**vars(f), "see": see(f) if f.verdict in ("FAIL", "warn") else None}
+        words = "\n".join(w for w in (f["message"], f["help"], f["see"]) if w)
+        steps[f["step"]] = (f["verdict"], words, f["code"])
+    return steps
 
 
 def normalised(report):
     """A report as it reads anywhere: the pitfalls beside check_ddp.py as the project names them,
     and no folder of the job (the rest is the job's, from its folder)."""
-    report = re.sub(r"\S*(pitfalls/\d\d_\w+\.py)", r"\1", report)
+    report = re.sub(r"\S*(pitfalls/\w+\.py)", r"\1", report)
     return re.sub(r"The job's own output: .*$", "The job's own output: FOLDER/output.log", report.strip())
 
 
 def check(script, *args, cwd, expect, silence=8, env=None):
-    """python check_ddp.py ... as a user would run it, every record held to the schema: the process
-    and its report, step by step."""
-    command = [sys.executable, str(CHECK), "--silence", str(silence), script, *args]
+    """python check_ddp.py --format json ... as a user (or an editor) would run it, every record held
+    to the schema: the process, and its report as data."""
+    command = [sys.executable, str(CHECK), "--silence", str(silence), "--format", "json", script, *args]
     env = {**(env or cpu_env()), "CHECK_DDP_STRICT": "1"}
     proc = run(command, cwd=cwd, env=env, expect=expect, timeout=150)
-    return proc, parse(proc.stdout)
+    return proc, json.loads(proc.stdout)
 
 
-def job_folder(stdout):
-    return Path(re.search(r"The job's own output: (.*)/output.log$", stdout.strip()).group(1))
+def job_folder(report):
+    return Path(report["output"]).parent
 
 
 def expectation(path, device="cpu"):
@@ -164,7 +159,7 @@ def test_a_recorded_job_judged_again_says_what_its_case_states(tool, case, monke
         "the report differs from the one recorded: if the change is meant, record it again "
         f"(python tests/record_check_ddp_jobs.py {case.stem})\n{text}"
     )
-    assert_says_what_the_case_states(case, status, parse(text), text, device=job.device)
+    assert_says_what_the_case_states(case, status, steps_of(lines, tool.see), text, device=job.device)
 
 
 def test_the_recorded_jobs_were_recorded_by_todays_recorder(tool):
@@ -187,7 +182,7 @@ def test_a_gpu_machine_judges_the_recorded_jobs_as_they_ran(tool, monkeypatch):
     text = tool.report(job, lines)
     status = 1 if any(line.verdict == "FAIL" for line in lines) else 0
     assert job.device == "cpu" and status == 1
-    assert_says_what_the_case_states(case, status, parse(text), text, device=job.device)
+    assert_says_what_the_case_states(case, status, steps_of(lines, tool.see), text, device=job.device)
 
 
 def test_every_rule_has_a_code_an_explanation_and_a_case(tool):
@@ -224,6 +219,25 @@ def test_explain_lists_every_code_and_explains_each(tool):
     assert "see:  pitfalls/03_missing_set_epoch.py" in page
     proc = run([sys.executable, str(CHECK), "--explain", "DDP999"], cwd=ROOT, expect=2)
     assert "DDP999: no such code" in proc.stderr
+
+
+def test_a_retired_code_says_what_replaced_it_and_no_page_names_one(tool):
+    """A code is never reused, and one that is gone still explains itself: --explain OLD says where it
+    went. The pages, the notebook and the cases name live codes only."""
+    assert not set(tool.RETIRED) & set(tool.RULES)
+    for old in tool.RETIRED:
+        page = run([sys.executable, str(CHECK), "--explain", old], cwd=ROOT).stdout
+        assert page.startswith(f"{old}: ") and ("moved to DDP" in page or "retired:" in page), page
+        moved = re.search(r"moved to (DDP\d+)", page)
+        assert not moved or moved.group(1) in tool.RULES, page
+    tracked = run(["git", "ls-files"], cwd=ROOT).stdout.split()
+    pages = [p for p in tracked if not p.startswith("tests/check_ddp_jobs/") and p != "check_ddp.py"]
+    pages = [
+        p for p in pages if not p.startswith("tests/test_") and (ROOT / p).suffix in (".md", ".py", ".ipynb")
+    ]
+    named = {(p, code) for p in pages for code in re.findall(r"\bDDP\d{3,4}\b", (ROOT / p).read_text())}
+    unknown = sorted((p, code) for p, code in named if code not in tool.RULES)
+    assert not unknown, f"pages that name codes that do not exist: {unknown}"
 
 
 def test_check_ddp_copied_alone_still_says_where_to_read_more(tmp_path):
@@ -278,12 +292,16 @@ QUICK = "mnist_no_set_epoch"
     ids=[case.stem for case in CASES],
 )
 def test_check_ddp_on_a_script_in_another_style(reports, case):
-    proc, steps = reports[case.stem].result()
-    assert_says_what_the_case_states(case, proc.returncode, steps, proc.stdout)
+    proc, report = reports[case.stem].result()
+    assert_says_what_the_case_states(case, proc.returncode, steps_of(report["findings"]), proc.stdout)
     # what the job left is enough to judge it again: the same report, from its folder alone
-    again = run([sys.executable, str(CHECK), "--judge", str(job_folder(proc.stdout))], cwd=ROOT, expect=None)
+    command = [sys.executable, str(CHECK), "--format", "json", "--judge", str(job_folder(report))]
+    again = run(command, cwd=ROOT, expect=None)
     assert again.returncode == proc.returncode
-    assert normalised(again.stdout) == normalised(proc.stdout)
+    said = lambda findings: [(f["step"], f["verdict"], f["code"], f["message"]) for f in findings]  # noqa: E731
+    assert said(json.loads(again.stdout)["findings"]) == said(
+        report["findings"]
+    )  # (see: is relative to where)
 
 
 # The cases that run as CPU code too (plain torchrun, no GPU: CPU-aware, or CPU code), and end well
@@ -313,10 +331,10 @@ def test_the_watcher_changes_nothing_a_script_prints(reports, case, tmp_path):
     """An observer is judged by what it does not change: each CPU case, run as it is under torchrun
     and run under check_ddp.py (watched, its GPU branch stood in where it has one), prints the very
     same lines, its losses to the last digit among them."""
-    proc, _ = reports[case.stem].result()
+    _, report = reports[case.stem].result()
     shutil.copy(case, tmp_path / case.name)
     plain = run(["torchrun", "--standalone", "--nproc_per_node=2", case.name], cwd=tmp_path, timeout=120)
-    watched = (job_folder(proc.stdout) / "output.log").read_text()
+    watched = (job_folder(report) / "output.log").read_text()
     assert printed(plain.stdout + plain.stderr), "the case prints nothing to compare"
     assert sorted(printed(watched)) == sorted(printed(plain.stdout + plain.stderr))
 
@@ -369,9 +387,12 @@ def test_the_readmes_conversion_in_its_gpu_form_passes_on_a_cpu(tmp_path):
     """The GPU script the README's conversion makes (nccl, cuda:LOCAL_RANK, set_device, device_ids),
     checked where there is no GPU: stood in, every step the CPU can judge is judged, and ok."""
     (tmp_path / "my_train.py").write_text(readme_conversion())
-    proc, steps = check("my_train.py", cwd=tmp_path, expect=0)
-    first = proc.stdout.splitlines()[0]
-    assert "2 processes as 2 nodes of 1, GPU script stood in on the CPU: cuda -> cpu, nccl -> gloo" in first
+    proc, report = check("my_train.py", cwd=tmp_path, expect=0)
+    steps = steps_of(report["findings"])
+    assert (
+        report["how"]
+        == "2 processes as 2 nodes of 1, GPU script stood in on the CPU: cuda -> cpu, nccl -> gloo"
+    )
     assert {step: verdict for step, (verdict, _, _) in steps.items()} == dict.fromkeys(range(1, 9), "ok"), (
         proc.stdout
     )
@@ -382,7 +403,8 @@ def test_the_readmes_conversion_in_its_gpu_form_passes_on_a_cpu(tmp_path):
 def test_check_ddp_passes_our_train_ddp(tmp_path):
     """train_ddp.py takes its GPU path wherever CUDA is there, stood in here: every step is judged, ok."""
     work = copy_scripts(tmp_path)
-    proc, steps = check("train_ddp.py", "--epochs", "2", "--grad_accum_steps", "2", cwd=work, expect=0)
+    proc, report = check("train_ddp.py", "--epochs", "2", "--grad_accum_steps", "2", cwd=work, expect=0)
+    steps = steps_of(report["findings"])
     assert {step: verdict for step, (verdict, _, _) in steps.items()} == dict.fromkeys(range(1, 11), "ok"), (
         proc.stdout
     )  # 9 and 10 too: it accumulates with no_sync, and evaluates exactly
