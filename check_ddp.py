@@ -316,7 +316,7 @@ def relayout(options, job):
     return (
         options.nnodes is None
         and job.nnodes > 1
-        and any(line.code in LAYOUT_CODES and line.verdict == "FAIL" for line in judge(job))
+        and any(is_layouts(line) and line.verdict == "FAIL" for line in judge(job))
     )
 
 
@@ -2370,6 +2370,8 @@ class Found:
     help: str = None
     explains: tuple = None
     follows: dict = None  # {step: what of that step follows from this finding}: those steps say so
+    step: int = None  # the step of the line, for a rule of no step of its own (AT_THE_END)
+    verdict: str = None  # "--": the rule saw it, and it is not the script's mistake (not checked)
 
 
 @dataclass
@@ -2381,13 +2383,32 @@ class Rule:
     help: str
     see: str  # a key of PITFALLS, or None
     explains: tuple  # "crash", "hang": what of the job's end the finding accounts for, by default
+    layout: bool  # only the rehearsed layout shows it, and it stops the job there: checked again as one node
 
     @property
     def doc(self):
         return inspect.cleandoc(self.check.__doc__ or "")
 
 
-RULES = {}  # code: Rule, each step's in the order they are tried
+RULES = {}  # code: Rule
+# The order each step's rules are tried in: the first that finds something is the step's line. Ranks
+# that fell out of step come first (a hang or a lost peer explains what else looks wrong); then a
+# cause before its symptoms, and a FAIL before a warn of the same evidence.
+ORDER = {
+    1: ("DDP101", "DDP102", "DDP103", "DDP104", "DDP105", "DDP106", "DDP107"),
+    2: ("DDP201", "DDP202", "DDP203", "DDP204", "DDP205"),
+    3: ("DDP307", "DDP301", "DDP302", "DDP303", "DDP304", "DDP305", "DDP306"),
+    4: ("DDP401", "DDP403", "DDP404", "DDP405", "DDP406", "DDP407"),
+    5: ("DDP508", "DDP505", "DDP506"),
+    6: ("DDP609", "DDP601", "DDP602", "DDP603", "DDP608", "DDP604", "DDP605", "DDP606", "DDP607"),
+    7: ("DDP701", "DDP702"),
+    8: ("DDP801", "DDP805", "DDP807", "DDP808", "DDP806", "DDP804"),
+    9: ("DDP901", "DDP902"),
+    10: ("DDP1007", "DDP1001", "DDP1002", "DDP1005", "DDP1006", "DDP1003", "DDP1004"),
+}
+# What no step's line accounts for, tried once every step has its line, in this order: a crash (its
+# line at the step the rank was in), then a job the check had to stop (never a pass).
+AT_THE_END = ("DDP000", "DDP504")
 # Codes that existed and were retired: what a report that named one means now. A code is never
 # reused; --explain OLD says where it went.
 RETIRED = {
@@ -2406,13 +2427,12 @@ RETIRED = {
 SUMMARIES = {}  # step: the function saying ok or -- (not checked) when no rule finds anything
 
 
-def rule(code, verdict, help, see=None, explains=()):
+def rule(code, verdict, help, see=None, explains=(), layout=False):
     """Declare a rule: the function under it looks at the facts and returns Found, or None."""
 
     def register(check):
         assert code not in RULES, f"{code} is taken"
-        step = 0 if code == "DDP000" else int(code[3:-2])
-        RULES[code] = Rule(code, step, verdict, check, help, see, tuple(explains))
+        RULES[code] = Rule(code, int(code[3:-2]), verdict, check, help, see, tuple(explains), layout)
         return check
 
     return register
@@ -2429,8 +2449,9 @@ def summary(step):
     return register
 
 
-# Findings that only the rehearsed layout (nodes of one GPU) shows, which stop the job there
-LAYOUT_CODES = ("DDP201",)
+def is_layouts(line):
+    """A finding only the rehearsed layout (nodes of one GPU) shows, which stops the job there."""
+    return line.code in RULES and RULES[line.code].layout
 
 
 def judge(job):
@@ -2439,7 +2460,7 @@ def judge(job):
     lines = judge_one(job)
     if not job.then:
         return lines
-    own = {line.step for line in lines if line.code in LAYOUT_CODES}
+    own = {line.step for line in lines if is_layouts(line)}
     again = judge_one(Job.load(job.folder / job.then))
     return sorted(
         [x for x in lines if x.step in own] + [x for x in again if x.step not in own], key=lambda x: x.step
@@ -2450,53 +2471,32 @@ def judge_one(job):
     """A line per step: the first of its rules that finds something, else its summary; then a
     crash that no line explains, at the step it happened in."""
     facts = Facts(job)
-    lines = []
     for step in STEPS:
         line = judge_step(facts, step)
         if line is not None:
-            lines.append(line)
+            facts.lines.append(line)
             facts.explained |= line.explains
-    if facts.crash is not None and "crash" not in facts.explained:
-        step = crash_step(facts, facts.crash[1])
-        e = facts.crash[1]
-        if e["raised"] == "checker":  # this file's own error stopped the script: never the script's
-            line = Line(
-                step, "--", "not checked: check_ddp's own error stopped the job here, at "
-                f"{facts.code(e['at'])}: {e['type']}: {short(e['message'])}",
-            )  # fmt: skip
-        elif facts.standin and needs_gpu(e):  # what the stand-in cannot run: not a mistake
-            judged = {x.step for x in lines if x.verdict != "--"}
-            step = next((s for s in STEPS if s >= step and s not in judged and s <= 8), step)
-            line = Line(
-                step,
-                "--",
-                f"not checked: the job stopped where it needs a GPU, at {facts.code(e['at'])}: {e['type']}: "
-                f"{short(e['message'])}",
-            )
-        else:
-            line = finding(RULES["DDP000"], RULES["DDP000"].check(facts), step=step)
-        lines = [old for old in lines if old.step != line.step] + [line]
-    if (job.hung or job.stuck_at_exit) and not any(line.verdict == "FAIL" for line in lines):
-        # a job the check had to stop is never a pass: where each rank was, under step 5's rule
-        lines = [old for old in lines if old.step != 5]
-        lines.append(
-            finding(RULES["DDP504"], Found(f"the check stopped the job: {facts.where_each_waits()}"))
-        )
-    return consequences(sorted(lines, key=lambda line: line.step))
+    for code in AT_THE_END:  # each puts its line at the step it names, in place of that step's
+        found = RULES[code].check(facts)
+        if found is not None:
+            line = finding(RULES[code], found, step=found.step)
+            facts.lines = [old for old in facts.lines if old.step != line.step] + [line]
+    return consequences(sorted(facts.lines, key=lambda line: line.step))
 
 
 def judge_step(facts, step):
-    for rule in RULES.values():
-        if rule.step == step:
-            found = rule.check(facts)
-            if found is not None:
-                return finding(rule, found)
+    for code in ORDER[step]:
+        found = RULES[code].check(facts)
+        if found is not None:
+            return finding(RULES[code], found)
     said = SUMMARIES[step](facts)
     return Line(step, *said) if said else None
 
 
 def finding(rule, found, step=None):
     explains = rule.explains if found.explains is None else found.explains
+    if found.verdict == "--":  # the rule declines to judge: what it saw is not the script's to answer for
+        return Line(step or rule.step, "--", found.message, explains=frozenset(explains))
     return Line(
         step or rule.step, rule.verdict, found.message, rule.code, found.help or rule.help, rule.see,
         frozenset(explains), found.follows,
@@ -2547,7 +2547,8 @@ class Facts:
     def __init__(self, job):
         self.job = job
         self.explained = frozenset()  # what the lines so far account for: "crash", "hang"
-        self._trees = {}
+        self.lines = []  # the steps' lines so far
+        self._trees = {}  # the script's files, parsed
 
     @functools.cached_property
     def starts(self):
@@ -2715,16 +2716,18 @@ class Facts:
         return "; ".join(parts) or "no rank started"
 
     def cause(self, hang=True):
-        """Why the ranks fell out of step, seen from what each did: (code of the rule, the cause as
-        evidence), or None. Each rank's collectives, compared, show it on every run, whether the job
-        hung, failed, or (by luck, pairing calls that do not belong together) ended; only a hang shows
+        """Why the ranks fell out of step, seen from what each did: (what kind of cause, the cause as
+        evidence: "rank_block", a collective only some ranks reach; "uneven", ranks with different
+        numbers of batches; "early_stop", ranks that left the loop apart; "unmatched", collectives that
+        differ between ranks), or None. Each rank's collectives, compared, show it on every run, whether
+        the job hung, failed, or (by luck, pairing calls that do not belong together) ended; only a hang shows
         where each rank waits."""
         unmatched = self.unmatched_collective
         for r, c in sorted(unmatched[1].items()) if unmatched else ():
             condition = c and self.rank_condition(c["at"])
             if condition:
                 return (
-                    "DDP609",
+                    "rank_block",
                     f"{self.unmatched_text()}: rank {r}'s is inside `{condition}`, which only some "
                     "ranks meet",
                 )
@@ -2735,12 +2738,12 @@ class Facts:
                     reached = f"{CALLS[call].label} at {at}" + (
                         f", called from {line}," if line != at else ""
                     )
-                    return "DDP609", f"{reached} is inside `{condition}`: only some ranks reach it"
+                    return "rank_block", f"{reached} is inside `{condition}`: only some ranks reach it"
         if not self.job.records("join"):
             for loader in self.loaders.values():
                 batches = {r: e["batches"] for r, e in loader["made"].items() if e["batches"] is not None}
                 if loader["training"] and len(set(batches.values())) > 1:
-                    return "DDP307", (
+                    return "uneven", (
                         "the ranks have different numbers of batches an epoch ("
                         + ", ".join(f"rank {r}: {n}" for r, n in sorted(batches.items()))
                         + f", DataLoader at {next(iter(loader['made'].values()))['at']}): uneven inputs, and "
@@ -2748,7 +2751,7 @@ class Facts:
                     )
         steps = {r: len([e for e in events if e["e"] == "step"]) for r, events in self.job.ranks.items()}
         if len(set(steps.values())) > 1:
-            return "DDP1007", (
+            return "early_stop", (
                 "the ranks left the training loop at different steps ("
                 + ", ".join(f"rank {r}: {c}" for r, c in sorted(steps.items()))
                 + ")"
@@ -2758,13 +2761,13 @@ class Facts:
             for r, events in self.job.ranks.items()
         }
         if len(set(epochs.values())) > 1:
-            return "DDP1007", (
+            return "early_stop", (
                 "the ranks left the training loop in different epochs ("
                 + ", ".join(f"rank {r}: {plural(c, 'pass')}" for r, c in sorted(epochs.items()))
                 + " over the training data)"
             )
         if unmatched:
-            return "DDP508", self.unmatched_text()
+            return "unmatched", self.unmatched_text()
         return None
 
     @functools.cached_property
@@ -3493,18 +3496,22 @@ def step_1_summary(f):
 # their steps: a hang explains what else looks wrong.
 
 
-def out_of_step(f, code):
-    """The finding of a rule about ranks falling out of step, when the cause is its own."""
+def out_of_step(f, kind):
+    """The finding of a rule about ranks falling out of step, when the cause is of its kind (None:
+    no cause the records show)."""
     stall = f.stall()
     if stall is None and f.unmatched_collective is None:
         return None
     hang = f.job.hung and "hang" not in f.explained
     cause = f.cause(hang=hang)
-    if (cause[0] if cause else "DDP504") != code:
+    if (cause[0] if cause else None) != kind:
         return None
     follows = None
     unmatched = f.unmatched_collective
-    if unmatched and code in ("DDP609", "DDP508"):  # a metric all-reduced on some ranks only: its step's too
+    if unmatched and kind in (
+        "rank_block",
+        "unmatched",
+    ):  # a metric all-reduced on some ranks only: its step's too
         names = {c["at"] for c in unmatched[1].values() if c and c["name"] in REDUCING}
         said = f"its all-reduce at {', '.join(sorted(names))} is one only some ranks call"
         follows = {
@@ -3536,7 +3543,7 @@ def collective_in_rank_block(f):
     for ranks that took the other branch; they meanwhile wait in their next collective. Take
     the collective out of the block: every rank calls it, and only the writing stays on rank 0.
     """
-    return out_of_step(f, "DDP609")
+    return out_of_step(f, "rank_block")
 
 
 @rule(
@@ -3554,7 +3561,7 @@ def uneven_inputs(f):
     on gloo, fail on mismatched sizes). Give every rank as many batches (DistributedSampler pads
     or drops to make them equal), or train inside Join([model]), which lets ranks finish apart.
     """
-    return out_of_step(f, "DDP307")
+    return out_of_step(f, "uneven")
 
 
 @rule(
@@ -3570,7 +3577,7 @@ def left_loop_apart(f):
     between ranks: one leaves, the others wait in their next collective. Decide from values
     every rank has, all-reduced, so that all stop at the same step.
     """
-    return out_of_step(f, "DDP1007")
+    return out_of_step(f, "early_stop")
 
 
 @rule(
@@ -3588,7 +3595,7 @@ def collectives_differ(f):
     belong together: the job hangs, fails on mismatched sizes, or (worse) goes on with numbers
     that mean nothing. Compared rank by rank, the first call that differs is where they part.
     """
-    return out_of_step(f, "DDP508")
+    return out_of_step(f, "unmatched")
 
 
 @rule(
@@ -3601,9 +3608,16 @@ def stopped_making_progress(f):
     """The job stopped making progress after its ranks met, for a reason the records do not show.
 
     The report names where each rank waits. Most often a rank waits in a collective that another
-    rank never reaches, or reaches in a different order.
+    rank never reaches, or reaches in a different order. A job the check had to stop is never a
+    pass: where no other line says why it stopped, this one does, under DDP step 5.
     """
-    return out_of_step(f, "DDP504")
+    found = out_of_step(f, None)
+    if found is not None:
+        found.step = 5
+        return found
+    if (f.job.hung or f.job.stuck_at_exit) and not any(line.verdict == "FAIL" for line in f.lines):
+        return Found(f"the check stopped the job: {f.where_each_waits()}", step=5)
+    return None
 
 
 # DDP step 2: place each process on its device
@@ -3614,6 +3628,7 @@ def stopped_making_progress(f):
     "FAIL",
     see="global_rank_device",
     explains=("crash",),
+    layout=True,
     help="use LOCAL_RANK, the process's number on its node, as the GPU index, not RANK",
 )
 def device_past_the_node(f):
@@ -4977,13 +4992,32 @@ def crashed(f):
 
     A rank raised an error that none of the other findings explains; torchrun then stopped every
     rank. The report gives the error and the script's line that raised it, under the step the
-    rank was in; the job's output has the whole traceback.
+    rank was in; the job's output has the whole traceback. An error that is not the script's is
+    not checked (--): one that needs a GPU the stand-in cannot give (CUDA's own generator, a CUDA
+    extension), or one of check_ddp's own code.
     """
+    if f.crash is None or "crash" in f.explained:
+        return None
     rank, event = f.crash
+    step = crash_step(f, event)
     error = f"{event['type']}: {short(event['message'])}"
+    if event["raised"] == "checker":  # this file's own error stopped the script: never the script's
+        return Found(
+            f"not checked: check_ddp's own error stopped the job here, at {f.code(event['at'])}: {error}",
+            step=step,
+            verdict="--",
+        )
+    if f.standin and needs_gpu(event):  # what the stand-in cannot run: not a mistake; a step not judged
+        judged = {x.step for x in f.lines if x.verdict != "--"}
+        step = next((s for s in STEPS if step <= s <= 8 and s not in judged), step)
+        return Found(
+            f"not checked: the job stopped where it needs a GPU, at {f.code(event['at'])}: {error}",
+            step=step,
+            verdict="--",
+        )
     at = inner_place(event["message"], f.job) or event["at"]
     doing = crash_phase(f, rank)[0] if event.get("loader") not in f.evaluation else "while evaluating"
-    return Found(f"rank {rank} stopped with an error {doing}, at {f.code(at)}: {error}")
+    return Found(f"rank {rank} stopped with an error {doing}, at {f.code(at)}: {error}", step=step)
 
 
 # -----------------------------------------------------------------------------
@@ -5052,7 +5086,7 @@ def report(job, lines):
     out = [f"check_ddp: {' '.join(job.command)}  ({how_it_ran(job)}; {job.seconds:.1f} s)"]
     if job.then:
         again = Job.load(job.folder / job.then)
-        shown = ", ".join(str(line.step) for line in judge_one(job) if line.code in LAYOUT_CODES)
+        shown = ", ".join(str(line.step) for line in judge_one(job) if is_layouts(line))
         out.append(
             f"check_ddp: it stopped at DDP step {shown}, so checked again as {how_it_ran(again)} "
             f"({again.seconds:.1f} s): DDP step {shown} from the first run, the other steps from this one"

@@ -221,6 +221,35 @@ def test_explain_lists_every_code_and_explains_each(tool):
     assert "DDP999: no such code" in proc.stderr
 
 
+def test_the_order_the_rules_are_tried_in_is_declared_and_no_code_is_used_elsewhere(tool):
+    """Each step's rules are tried in the order ORDER declares (and AT_THE_END's, once every step has
+    its line): every rule once, under its own step. No code is named anywhere else in check_ddp.py's
+    code (a rule, its order, the retired codes): the facts say what happened, the rules what it means."""
+    import ast
+
+    ordered = [code for step, codes in tool.ORDER.items() for code in codes]
+    assert sorted(ordered + list(tool.AT_THE_END)) == sorted(tool.RULES), (
+        "ORDER and AT_THE_END: every rule, once"
+    )
+    assert all(tool.RULES[code].step == step for step, codes in tool.ORDER.items() for code in codes)
+    assert set(tool.ORDER) == set(tool.STEPS)
+    tree = ast.parse(CHECK.read_text())
+    allowed = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and any(
+            getattr(t, "id", "") in ("ORDER", "AT_THE_END", "RETIRED") for t in node.targets
+        ):
+            allowed |= {id(n) for n in ast.walk(node)}
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "rule" and node.args:
+            allowed.add(id(node.args[0]))
+    elsewhere = [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and re.fullmatch(r"DDP\d+", str(node.value)) and id(node) not in allowed
+    ]  # fmt: skip
+    assert not elsewhere, f"codes named outside their rule and the order: {elsewhere}"
+
+
 def test_a_retired_code_says_what_replaced_it_and_no_page_names_one(tool):
     """A code is never reused, and one that is gone still explains itself: --explain OLD says where it
     went. The pages, the notebook and the cases name live codes only."""
