@@ -242,11 +242,10 @@ def test_the_order_the_rules_are_tried_in_is_declared_and_no_code_is_used_elsewh
             allowed |= {id(n) for n in ast.walk(node)}
         if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "rule" and node.args:
             allowed.add(id(node.args[0]))
-    elsewhere = [
-        (node.lineno, node.value)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Constant) and re.fullmatch(r"DDP\d+", str(node.value)) and id(node) not in allowed
-    ]  # fmt: skip
+    codes = [
+        n for n in ast.walk(tree) if isinstance(n, ast.Constant) and re.fullmatch(r"DDP\d+", str(n.value))
+    ]
+    elsewhere = [(node.lineno, node.value) for node in codes if id(node) not in allowed]
     assert not elsewhere, f"codes named outside their rule and the order: {elsewhere}"
 
 
