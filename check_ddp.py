@@ -1002,6 +1002,15 @@ def watch():
         env={k: os.environ.get(k) for k in LAUNCH_VARIABLES},
     )
     os.register_at_fork(after_in_child=lambda: setattr(rec, "enabled", False))  # DataLoader workers
+    # a torch that renamed what the watcher relies on: the check is incomplete, and says so (looked up
+    # before anything is wrapped: the lookup makes objects of torch's, which must not be recorded)
+    for name in missing_names(imported_only=True):
+        rec.add(
+            "fault",
+            type="missing",
+            message=f"this torch has no {name}: check_ddp.py does not know it",
+            at=name,
+        )
     watcher = Watcher(rec, node_gpus if standin else None)
     # torch.compile traces none of the watcher's own work on a forward
     watcher.note_forward = torch.compiler.disable(functools.partial(note_forward, watcher))
@@ -1010,15 +1019,6 @@ def watch():
     for wrapper in sorted(WRAPPERS, key=lambda wrapper: not wrapper.standin):
         if standin or not wrapper.standin:
             watcher.apply(wrapper)
-    for name in missing_names(
-        imported_only=True
-    ):  # a torch that renamed what the watcher relies on: the check is incomplete
-        rec.add(
-            "fault",
-            type="missing",
-            message=f"this torch has no {name}: check_ddp.py does not know it",
-            at=name,
-        )
     keep_torchscript_builtins(watcher)
     register_optimizer_step_post_hook(functools.partial(after_step, watcher))
     sys.addaudithook(functools.partial(audit, watcher))

@@ -156,3 +156,71 @@ def test_every_private_torch_name_in_the_watcher_is_declared(tool):
     assert undeclared <= {"torch._dynamo", "torch.utils._device", "torch.utils._device.DeviceContext"}, (
         undeclared
     )
+
+
+# A script watched in one process, without torchrun: check_ddp.py's watcher and stand-in put in place
+# as in a job's worker, then the script's calls, then what was recorded.
+WATCHED = """
+import importlib.util, io, os, pickle
+from copy import deepcopy
+spec = importlib.util.spec_from_file_location("_check_ddp_watcher", os.environ["CHECK_DDP_TOOL"])
+watcher = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(watcher)
+watcher.watch()
+
+import torch
+from torch.utils.data import DataLoader, Sampler, TensorDataset
+
+
+class Endless(Sampler):  # no __len__: a DataLoader over it has no length either
+    def __iter__(self):
+        while True:
+            yield from range(8)
+
+
+torch.cuda.set_device(0)
+model = torch.nn.Linear(4, 2).to("cuda")
+copy = deepcopy(model)  # an EMA copy: the watcher's hooks stay on the original
+pickle.dumps(model)  # a model pickled whole: nothing of the watcher's in it
+assert not [k for k in vars(model) if "check" in k], vars(model)
+loader = DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=4, sampler=Endless())
+for _, (x,) in zip(range(3), loader):
+    model(x.to("cuda"))
+torch.save({"w": model.weight}, io.BytesIO())
+try:
+    torch.Generator(device="cuda")
+except RuntimeError as error:
+    print("no CUDA generator:", str(error)[:40])
+print("done")
+"""
+
+
+def test_the_watcher_and_the_stand_in_in_one_process(tool, tmp_path):
+    """Without torchrun: what a script does under the watcher is what it does alone (it finishes,
+    prints what it prints), and the records say what it did: the GPU asked for, the loader with no
+    length (none asked of it), the batches, the save to memory."""
+    import json
+    import os
+    import subprocess
+
+    (tmp_path / "my_train.py").write_text(WATCHED)
+    env = {
+        **os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+        "CHECK_DDP_FOLDER": str(tmp_path), "CHECK_DDP_TOOL": tool.__file__, "CHECK_DDP_STANDIN": "1",
+        "CHECK_DDP_STRICT": "1", "CUDA_VISIBLE_DEVICES": "",
+    }  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "my_train.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "done" and "no CUDA generator" in proc.stdout
+    records = [json.loads(line) for line in (tmp_path / "rank0.jsonl").read_text().splitlines()]
+    kinds = {}
+    for r in records:
+        kinds.setdefault(r["e"], []).append(r)
+    assert "fault" not in kinds, kinds.get("fault")
+    assert {(g["how"], g["index"]) for g in kinds["gpu"]} >= {("set_device", 0), ("model.to", 0), ("to", 0)}
+    (loader,) = kinds["loader"]
+    assert loader["batches"] is None and loader["sampler"] == "Endless"  # no length asked of the script's
+    assert [b["idx"] for b in kinds["batch"][:3]] == [[0, 1, 2, 3], [4, 5, 6, 7], [0, 1, 2, 3]]
+    assert [s["path"] for s in kinds["save"]] == [None]  # to memory: no file
