@@ -54,6 +54,7 @@ import functools
 import importlib
 import importlib.util
 import inspect
+import itertools
 import json
 import os
 import re
@@ -100,6 +101,10 @@ PITFALLS = {  # the programs in pitfalls/, beside this file in its project, that
     "uneven": "pitfalls/16_uneven_inputs.py",
 }
 LAUNCH_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
+# In a run again with the script's own launch set aside (see set_aside): its writes of LAUNCH_VARIABLES
+# and its init_process_group() rendezvous (init_method, rank, world_size, store) are recorded, and not
+# made: torchrun's stand, so that the rest of the script can be checked
+KEEP_LAUNCH = os.environ.get("CHECK_DDP_KEEP_LAUNCH") == "1"
 
 
 def main(argv=None):
@@ -183,14 +188,18 @@ def main(argv=None):
         if options.nnodes is not None and (options.nnodes < 1 or options.nproc % options.nnodes):
             parser.error(f"--nnodes must divide --nproc ({options.nproc}): as many processes on each node")
         job = run_job(options)
-        if relayout(options, job):
-            # the rehearsal's layout (2 nodes of 1 GPU) stopped the job at a step another layout passes:
-            # check again as one node, where the rest of the job runs, and report both
-            then = run_job(options, nnodes=1)
-            shutil.move(str(then.folder), job.folder / "one_node")
-            job.then = "one_node"
-            job.save()
-            job = Job.load(job.folder)
+        last, aside = job, set()
+        # a job stopped by a mistake the check can set aside (its own launch variables over torchrun's,
+        # a GPU index that only the rehearsed layout lacks): checked again without it, so that what the
+        # mistake hid is checked too; the report gives both
+        while (more := set_aside(options, last) - aside) and len(aside) < 2:
+            aside |= more
+            then = run_job(options, aside=aside)
+            shutil.move(str(then.folder), last.folder / "then")
+            last.then = "then"
+            last.save()
+            last = Job.load(last.folder / "then")
+        job = Job.load(job.folder)
     lines = judge(job)
     status = 3 if own_errors(job) else 1 if any(line.verdict == "FAIL" for line in lines) else 0
     # 3: the check itself failed, and whatever it found is incomplete
@@ -212,7 +221,7 @@ class Job:
 
     ENDING = (
         "command", "nproc", "nnodes", "silence", "device", "cwd", "returncode", "seconds", "hung",
-        "stuck_at_exit", "then",
+        "stuck_at_exit", "then", "aside",
     )  # fmt: skip
 
     def __init__(self, folder, command, nproc, nnodes, silence, device, cwd):
@@ -225,7 +234,8 @@ class Job:
         self.hung = False  # stopped after --silence seconds without progress
         self.stuck_at_exit = False  # every rank finished its script, but a process did not end
         self.sources = {}  # a file the records cite (as they cite it): its text
-        self.then = None  # the subfolder of the same job run again as one node, if it was (relayout)
+        self.then = None  # the subfolder of the same job run again with what stopped it set aside
+        self.aside = []  # what this run set aside ("launch", "layout"): see set_aside()
 
     def records(self, kind, rank=None):
         ranks = self.ranks.items() if rank is None else [(rank, self.ranks.get(rank, []))]
@@ -310,20 +320,21 @@ def visible_gpus(options):
     return torch.cuda.device_count()
 
 
-def relayout(options, job):
-    """Whether the job stopped at a mistake only the rehearsed layout shows (a GPU index past its node's
-    GPUs), where one node of all the processes would run on: then it is checked again as one node."""
-    return (
-        options.nnodes is None
-        and job.nnodes > 1
-        and any(is_layouts(line) and line.verdict == "FAIL" for line in judge(job))
-    )
+def set_aside(options, job):
+    """What stopped the job that a run could set aside: "launch", the script's own launch variables
+    and init_process_group() arguments over torchrun's (torchrun's are kept); "layout", a GPU index
+    only the rehearsed nodes lack (one node of all the processes); nothing if the job did not stop."""
+    stopped = job.hung or job.returncode
+    found = {RULES[x.code].sets_aside for x in judge_one(job) if x.verdict == "FAIL" and x.code in RULES}
+    if options.nnodes is not None or job.nnodes == 1:
+        found.discard("layout")
+    return found - {None} if stopped else set()
 
 
-def run_job(options, nnodes=None):
+def run_job(options, aside=()):
     gpus = visible_gpus(options)
     device = "cuda" if gpus >= options.nproc else "cpu"
-    nnodes = nnodes or options.nnodes or (2 if device == "cpu" else 1)
+    nnodes = 1 if "layout" in aside else options.nnodes or (2 if device == "cpu" else 1)
     folder = Path(tempfile.mkdtemp(prefix="check_ddp-"))
     site = folder / "site"
     site.mkdir()
@@ -331,6 +342,8 @@ def run_job(options, nnodes=None):
     env = dict(os.environ, CHECK_DDP_FOLDER=str(folder), CHECK_DDP_TOOL=str(Path(__file__).resolve()))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)
     env["CHECK_DDP_NNODES"] = str(nnodes)
+    if "launch" in aside:  # the script's own launch variables and init arguments set aside: torchrun's kept
+        env["CHECK_DDP_KEEP_LAUNCH"] = "1"
     if device == "cpu":  # --cpu, or fewer GPUs than processes: the CPU, as on a laptop, CUDA stood in
         env.update(CUDA_VISIBLE_DEVICES="", CHECK_DDP_STANDIN="1")
     else:  # each rehearsed node its own GPUs: those CUDA_VISIBLE_DEVICES lists, in order, or all
@@ -342,6 +355,7 @@ def run_job(options, nnodes=None):
         folder, ["torchrun", *launch, options.script, *options.args], options.nproc, nnodes, options.silence,
         device, os.getcwd(),
     )  # fmt: skip
+    job.aside = sorted(aside)
     log = folder / "output.log"
     start = time.monotonic()
     with open(log, "wb") as out:
@@ -529,6 +543,8 @@ OPTIONAL = {
     # each forward without gradients' first input, summed (as training's inputs are): what each
     # rank evaluated, to compare between ranks
     "exit": {"eval_inputs": []},
+    # a file written: "overwrite" (opened to write from its start, or renamed into place), "append"
+    "write": {"mode": None},
 }
 
 
@@ -788,6 +804,14 @@ def dataset_fingerprint(dataset):
     """The data a dataset holds (its tensors, arrays and lists), read as stored: None for a dataset
     that makes its samples as they are asked for. The check calls nothing of the dataset's: a
     __getitem__ may draw from a generator of the script's, or count, or cache."""
+    import torch
+
+    if (
+        type(dataset) in (list, tuple)
+        or isinstance(dataset, torch.Tensor)
+        or type(dataset).__name__ == "ndarray"
+    ):
+        return fingerprint(dataset)  # a DataLoader over a list of samples (of ids, of file names): the data
     stored = stored_data(dataset)
     return fingerprint(stored) if stored else None
 
@@ -1071,10 +1095,12 @@ def rehearse_nodes():
 @watches("os._Environ", "__setitem__", step=1, label="os.environ[...] = ...")
 def environ_setitem(original, w, _):
     def environ_setitem(self, key, value):
+        kept = False
         with Quietly(w):
             if self is os.environ and key in LAUNCH_VARIABLES and os.environ.get(key) != value:
                 w.rec.add("env", key=key, value=value, torchrun=os.environ.get(key), at=where())
-        return original(self, key, value)
+                kept = KEEP_LAUNCH  # a run again with the script's launch set aside: torchrun's value stays
+        return None if kept else original(self, key, value)
 
     return environ_setitem
 
@@ -1088,6 +1114,11 @@ def init_process_group(original, w, _):
     def init_process_group(*args, **kwargs):
         with Quietly(w):
             given = signature.bind_partial(*args, **kwargs).arguments
+            if KEEP_LAUNCH:  # a run again with the script's launch set aside: what torchrun set, as env://
+                bound = {
+                    k: v for k, v in given.items() if k not in ("init_method", "rank", "world_size", "store")
+                }
+                args, kwargs = (), bound
             w.rec.add(
                 "init",
                 at=where(),
@@ -1627,8 +1658,12 @@ def audited(w, event, args):
         ):
             return
         target = os.path.realpath(os.fsdecode(path))
+        appends = "a" in mode if isinstance(mode, str) else bool(flags & os.O_APPEND)
+        kept = "+" in mode and "w" not in mode if isinstance(mode, str) else not flags & os.O_TRUNC
+        how_written = "append" if appends else None if kept else "overwrite"
     else:
         target = os.path.realpath(os.fsdecode(args[1]))
+        how_written = "overwrite"
     if target.startswith((w.folder, "/dev/", "/proc/", "/sys/", w.caches, *LIBRARY_DIRS)) or re.search(
         r"torchinductor|triton|__pycache__", target
     ):
@@ -1637,7 +1672,7 @@ def audited(w, event, args):
     if (target, at, event) not in w.written:
         w.written.add((target, at, event))
         source = os.path.realpath(os.fsdecode(args[0])) if event != "open" else None
-        w.rec.add("write", path=target, at=at, how=event, source=source)
+        w.rec.add("write", path=target, at=at, how=event, source=source, mode=how_written)
 
 
 # DDP step 8: a script that starts its own processes
@@ -2383,7 +2418,7 @@ class Rule:
     help: str
     see: str  # a key of PITFALLS, or None
     explains: tuple  # "crash", "hang": what of the job's end the finding accounts for, by default
-    layout: bool  # only the rehearsed layout shows it, and it stops the job there: checked again as one node
+    sets_aside: str  # a mistake that stops the job, which a run again can set aside: a key of SET_ASIDE
 
     @property
     def doc(self):
@@ -2400,7 +2435,7 @@ ORDER = {
     3: ("DDP307", "DDP301", "DDP302", "DDP303", "DDP304", "DDP305", "DDP306"),
     4: ("DDP401", "DDP403", "DDP404", "DDP405", "DDP406", "DDP407"),
     5: ("DDP508", "DDP505", "DDP506"),
-    6: ("DDP609", "DDP601", "DDP602", "DDP603", "DDP608", "DDP604", "DDP605", "DDP606", "DDP607"),
+    6: ("DDP609", "DDP601", "DDP602", "DDP610", "DDP603", "DDP608", "DDP604", "DDP605", "DDP606", "DDP607"),
     7: ("DDP701", "DDP702"),
     8: ("DDP801", "DDP805", "DDP807", "DDP808", "DDP806", "DDP804"),
     9: ("DDP901", "DDP902"),
@@ -2427,12 +2462,20 @@ RETIRED = {
 SUMMARIES = {}  # step: the function saying ok or -- (not checked) when no rule finds anything
 
 
-def rule(code, verdict, help, see=None, explains=(), layout=False):
+# What a run again sets aside, as the report says it
+SET_ASIDE = {
+    "launch": "with the script's own launch variables and init_process_group() arguments set aside "
+    "(torchrun's kept)",
+    "layout": "as one node of all the processes",
+}
+
+
+def rule(code, verdict, help, see=None, explains=(), sets_aside=None):
     """Declare a rule: the function under it looks at the facts and returns Found, or None."""
 
     def register(check):
         assert code not in RULES, f"{code} is taken"
-        RULES[code] = Rule(code, int(code[3:-2]), verdict, check, help, see, tuple(explains), layout)
+        RULES[code] = Rule(code, int(code[3:-2]), verdict, check, help, see, tuple(explains), sets_aside)
         return check
 
     return register
@@ -2449,22 +2492,29 @@ def summary(step):
     return register
 
 
-def is_layouts(line):
-    """A finding only the rehearsed layout (nodes of one GPU) shows, which stops the job there."""
-    return line.code in RULES and RULES[line.code].layout
+def runs(job):
+    """The job, and each run of it again with what stopped it set aside, in order."""
+    found = [job]
+    while found[-1].then:
+        found.append(Job.load(found[-1].folder / found[-1].then))
+    return found
+
+
+def stopper(line):
+    """A FAIL that stopped its run and that a run again set aside (RULES' sets_aside)."""
+    return line.verdict == "FAIL" and line.code in RULES and RULES[line.code].sets_aside is not None
 
 
 def judge(job):
-    """The job's lines; for a job run again as one node (relayout), the layout's own finding from the
-    first run, and every other step from the second."""
-    lines = judge_one(job)
-    if not job.then:
-        return lines
-    own = {line.step for line in lines if is_layouts(line)}
-    again = judge_one(Job.load(job.folder / job.then))
-    return sorted(
-        [x for x in lines if x.step in own] + [x for x in again if x.step not in own], key=lambda x: x.step
-    )
+    """The job's lines; for a job run again with what stopped it set aside, each such finding from the
+    run that found it, and every other step from the last run."""
+    judged = [judge_one(run) for run in runs(job)]
+    kept = {}
+    for lines in judged[:-1]:
+        for line in lines:
+            if stopper(line) and line.step not in kept:
+                kept[line.step] = line
+    return sorted([*kept.values(), *(x for x in judged[-1] if x.step not in kept)], key=lambda x: x.step)
 
 
 def judge_one(job):
@@ -3319,6 +3369,7 @@ def plural(n, word):
 @rule(
     "DDP101",
     "FAIL",
+    sets_aside="launch",
     see="master_port",
     explains=("crash",),
     help="delete it: torchrun sets MASTER_ADDR and MASTER_PORT (and RANK, LOCAL_RANK, WORLD_SIZE), and "
@@ -3406,6 +3457,7 @@ def no_process_group(f):
 @rule(
     "DDP105",
     "FAIL",
+    sets_aside="launch",
     see="master_port",
     help="pass no init_method: the default, env://, reads where torchrun's job meets",
 )
@@ -3426,7 +3478,12 @@ def init_method_elsewhere(f):
     return None
 
 
-@rule("DDP106", "FAIL", help="leave rank= and world_size= out: init_process_group() reads them from torchrun")
+@rule(
+    "DDP106",
+    "FAIL",
+    sets_aside="launch",
+    help="leave rank= and world_size= out: init_process_group() reads them from torchrun",
+)
 def rank_passed_wrong(f):
     """init_process_group() is passed a rank or world size that is not torchrun's.
 
@@ -3628,7 +3685,7 @@ def stopped_making_progress(f):
     "FAIL",
     see="global_rank_device",
     explains=("crash",),
-    layout=True,
+    sets_aside="layout",
     help="use LOCAL_RANK, the process's number on its node, as the GPU index, not RANK",
 )
 def device_past_the_node(f):
@@ -3744,6 +3801,11 @@ def batches_left_on_cpu(f):
     """
     if not f.standin:
         return None
+    # tensors made from one on a GPU (sliced, cast, stacked) are on it too, and the stand-in cannot follow
+    # them: a batch that looks as if on the CPU proves nothing where the script moves data to a GPU at all
+    moved = {"to", "cuda", *FACTORIES, "new_empty", "new_zeros", "new_ones", "new_full", "new_tensor"}
+    if any(g["how"] in moved for _, g in f.job.records("gpu")):
+        return None
     for r, e in f.job.records("input"):
         ddp = f.job.records("ddp", rank=r)
         if e["device"] == "cpu" and e["model"].startswith("cuda") and not (ddp and ddp[0][1]["device_ids"]):
@@ -3800,6 +3862,13 @@ def same_batches_without_loader(f):
     return None
 
 
+def own_parts(loader):
+    """Whether each rank's DataLoader holds a dataset of its own: their data, or their lengths, differ."""
+    made = loader["made"].values()
+    data, lengths = {e["data"] for e in made}, {e["length"] for e in made}
+    return (len(data) > 1 and None not in data) or (len(lengths) > 1 and None not in lengths)
+
+
 def datasets_differ(f, loader):
     """The ranks whose copies of the loader's dataset differ, and the message saying so; or None."""
     made = loader["made"]
@@ -3847,10 +3916,12 @@ def whole_passes(loader):
 
 def overlapping_shards(f):
     """The first epoch in which two ranks' shards share more samples than the sampler's padding
-    can repeat: (loader, what the shards share), or None."""
+    can repeat: (loader, what the shards share), or None. Indices are compared only where they index
+    one dataset: a rank that holds a part of its own (each its own list, of its own length) may count
+    from 0 as every other does."""
     for loader in f.training_loaders.values():
         passes = whole_passes(loader)
-        if len(passes) < 2:
+        if len(passes) < 2 or own_parts(loader):
             continue
         some = next(iter(loader["made"].values()))
         for n in range(min(len(p) for p in passes.values())):
@@ -4381,6 +4452,33 @@ def pickles_wrapper(f):
 
 
 @rule(
+    "DDP610",
+    "FAIL",
+    help="write the file from one rank (if dist.get_rank() == 0:), or name one file per rank",
+)
+def several_ranks_overwrite(f):
+    """Several ranks write the same file over (a log, settings, results): it ends torn, or as one rank's.
+
+    Each process opens the file to write it whole, at about the same moment: they truncate each
+    other's work, and what is left is one rank's, or a mix. On several nodes sharing a folder, a
+    guard on the local rank still leaves one writer per node. Write from global rank 0 alone, or
+    give each rank a file of its own.
+    """
+    saved = {f.renamed.get(e["path"], e["path"]) for _, e in f.saved_files} | {
+        e["path"] for _, e in f.saved_files
+    }
+    writers = {}
+    for rank, e in f.job.records("write"):
+        if e["mode"] == "overwrite" and e["path"] not in saved and not e["path"].endswith(".lock"):
+            writers.setdefault(f.renamed.get(e["path"], e["path"]), {})[rank] = e
+    for path, by in sorted(writers.items()):
+        if len(by) > 1:
+            e = next(iter(by.values()))
+            return Found(f"{ranks_text(by)} {both(by)} wrote {f.job.relpath(path)} over at {f.code(e['at'])}")
+    return None
+
+
+@rule(
     "DDP605",
     "warn",
     help="write files from one rank (if dist.get_rank() == 0:), or one file per rank",
@@ -4545,10 +4643,7 @@ def starts_own_processes(f):
         return Found(
             f"{f.code(e['at'])} starts its own processes ({e['how']}): under torchrun each of the "
             f"{len(f.job.ranks)} processes is already one of the job's, and would start a job of its own "
-            "(the check ran in each the one child it stands for)",
-            # where a self-launching script's children meet (its MASTER_PORT, its init_method, the ranks
-            # it numbers) is part of its launch: gone with it, as torchrun makes the group
-            follows={1: ""},
+            "(the check ran in each the one child it stands for)"
         )
     return None
 
@@ -4596,7 +4691,6 @@ def rank_from_arguments(f):
                 f"passed rank={value!r} to init_process_group(), where torchrun numbers its processes in "
                 "RANK",
                 explains=("crash", "hang"),
-                follows={1: ""},  # the rank passed to init_process_group() is the command line's
             )
     return None
 
@@ -5084,12 +5178,13 @@ def as_json(job, lines, status):
 def report(job, lines):
     width = 100
     out = [f"check_ddp: {' '.join(job.command)}  ({how_it_ran(job)}; {job.seconds:.1f} s)"]
-    if job.then:
-        again = Job.load(job.folder / job.then)
-        shown = ", ".join(str(line.step) for line in judge_one(job) if is_layouts(line))
+    for before, again in itertools.pairwise(runs(job)):
+        stops = [line for line in judge_one(before) if stopper(line)]
+        what = " and ".join(SET_ASIDE[RULES[line.code].sets_aside] for line in stops)
+        steps = ", ".join(str(line.step) for line in stops)
         out.append(
-            f"check_ddp: it stopped at DDP step {shown}, so checked again as {how_it_ran(again)} "
-            f"({again.seconds:.1f} s): DDP step {shown} from the first run, the other steps from this one"
+            f"check_ddp: it stopped at DDP step {steps}, so checked again {what} ({how_it_ran(again)}; "
+            f"{again.seconds:.1f} s): DDP step {steps} from the run before, the other steps from this one"
         )
     for line in lines:
         head = f"DDP step {line.step:<2} {line.verdict:<5} "
