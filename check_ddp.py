@@ -791,6 +791,8 @@ def stored_data(dataset, depth=0):
             return True
         if type(value) in (list, tuple) and value and depth < 2:
             return is_data(value[0], depth + 1)
+        if type(value) is dict and value and depth < 2:  # a sample as a dict: {"image": path, "label": path}
+            return is_data(next(iter(value.values())), depth + 1)
         return depth > 0 and type(value) in (int, float, str)
 
     try:
@@ -2419,6 +2421,9 @@ class Rule:
     see: str  # a key of PITFALLS, or None
     explains: tuple  # "crash", "hang": what of the job's end the finding accounts for, by default
     sets_aside: str  # a mistake that stops the job, which a run again can set aside: a key of SET_ASIDE
+    numbering: (
+        bool  # it follows from the script numbering its processes itself, where its launch is set aside
+    )
 
     @property
     def doc(self):
@@ -2470,12 +2475,14 @@ SET_ASIDE = {
 }
 
 
-def rule(code, verdict, help, see=None, explains=(), sets_aside=None):
+def rule(code, verdict, help, see=None, explains=(), sets_aside=None, numbering=False):
     """Declare a rule: the function under it looks at the facts and returns Found, or None."""
 
     def register(check):
         assert code not in RULES, f"{code} is taken"
-        RULES[code] = Rule(code, int(code[3:-2]), verdict, check, help, see, tuple(explains), sets_aside)
+        RULES[code] = Rule(
+            code, int(code[3:-2]), verdict, check, help, see, tuple(explains), sets_aside, numbering
+        )
         return check
 
     return register
@@ -2508,13 +2515,23 @@ def stopper(line):
 def judge(job):
     """The job's lines; for a job run again with what stopped it set aside, each such finding from the
     run that found it, and every other step from the last run."""
-    judged = [judge_one(run) for run in runs(job)]
+    chain = runs(job)
+    judged = [judge_one(run) for run in chain]
     kept = {}
     for lines in judged[:-1]:
         for line in lines:
             if stopper(line) and line.step not in kept:
                 kept[line.step] = line
-    return sorted([*kept.values(), *(x for x in judged[-1] if x.step not in kept)], key=lambda x: x.step)
+    last = [x for x in judged[-1] if x.step not in kept]
+    launch = [x.step for x in kept.values() if RULES[x.code].sets_aside == "launch"]
+    if launch and "launch" in chain[-1].aside:  # the script numbers its processes itself: so do its samplers
+        last = [
+            Line(x.step, "--", f"follows from DDP step {min(launch)}: {x.message}")
+            if RULES.get(x.code) and RULES[x.code].numbering
+            else x
+            for x in last
+        ]
+    return sorted([*kept.values(), *last], key=lambda x: x.step)
 
 
 def judge_one(job):
@@ -2838,6 +2855,19 @@ class Facts:
         return ""
 
     @functools.cached_property
+    def synced_by_hand(self):
+        """Whether, without DDP, the script all-reduces (its gradients) before nearly every optimizer
+        step, and the replicas end equal: it does what DDP does, itself."""
+        rank = min(self.job.ranks) if self.job.ranks else None
+        steps = self.job.records("step", rank=rank) if rank is not None else []
+        before = (
+            {e["step"] for _, e in self.job.records("coll", rank=rank) if e["name"] in REDUCING}
+            if steps
+            else set()
+        )
+        return bool(steps) and len(before) >= 0.9 * len(steps) and self.weights_differ == ""
+
+    @functools.cached_property
     def saved_files(self):
         """The torch.save() calls that wrote a file (not a buffer in memory): (rank, record)."""
         return [(r, e) for r, e in self.job.records("save") if e["path"]]
@@ -3128,6 +3158,21 @@ class Facts:
             },
             key=by_line,
         )
+
+    @functools.cached_property
+    def emptied_at(self):
+        """file:line of each `with open(path, "w"): pass` in the script's files (a body that does
+        nothing): a file emptied, not written."""
+        found = set()
+        for path in self.job.sources:
+            for node in ast.walk(self.tree(path)) if self.tree(path) else ():
+                idle = all(
+                    isinstance(b, ast.Pass) or isinstance(getattr(b, "value", None), ast.Constant)
+                    for b in getattr(node, "body", [None])
+                )
+                if isinstance(node, ast.With) and idle:
+                    found |= {f"{path}:{n}" for n in range(node.lineno, node.body[0].lineno)}
+        return found
 
     def source_lines(self, pattern):
         """file:line of every line of the script's files that matches pattern, in order."""
@@ -3995,6 +4040,7 @@ def no_distributed_sampler(f):
 @rule(
     "DDP304",
     "FAIL",
+    numbering=True,
     help="leave num_replicas= and rank= out of DistributedSampler(...): the group knows them",
 )
 def sampler_told_wrong_world(f):
@@ -4124,9 +4170,10 @@ def not_wrapped(f):
 
     Without DDP nothing averages the gradients: each rank takes its own steps on its own shard,
     and the replicas drift apart. The job trains N different models, each on 1/N of the data.
-    Wrap the model in DDP once it is on its device.
+    Wrap the model in DDP once it is on its device. (A script that averages the gradients itself,
+    all-reducing them before each step, keeps the replicas equal: that is no mistake.)
     """
-    if f.job.records("step") and not f.job.records("ddp"):
+    if f.job.records("step") and not f.job.records("ddp") and not f.synced_by_hand:
         differ = f.weights_differ
         return Found(
             "no rank wrapped its model in DDP: the ranks train apart, each its own replica"
@@ -4225,6 +4272,8 @@ def step_4_summary(f):
     if not job.records("step"):
         return "--", "not checked: no optimizer step ran"
     total = max(e["steps"] for _, e in job.records("exit")) if job.records("exit") else None
+    if not job.records("ddp"):  # the gradients all-reduced by hand (else DDP403): the replicas equal
+        return "ok", "no DDP, and the replicas are equal at the end: the script averages the gradients itself"
     equal = "the replicas are equal at the end" if f.weights_differ == "" else "every forward went through it"
     return "ok", f"DDP at {job.records('ddp')[0][1]['at']}; {equal}" + (
         f" ({plural(total, 'optimizer step')})" if total else ""
@@ -4261,7 +4310,9 @@ def host_sync_every_step(f):
     every_step = [
         f"dist.{name}() at {f.code(at)}"
         for (name, at), at_steps in sites.items()
-        if len(at_steps) >= 0.9 * n and name in ("all_reduce", "reduce", "all_gather", "barrier")
+        if len(at_steps) >= 0.9 * n
+        and name in ("all_reduce", "reduce", "all_gather", "barrier")
+        and not (f.synced_by_hand and name == "all_reduce")  # the gradients' own all-reduce, done by hand
     ]
     items = {}
     for _, e in steps:
@@ -4469,7 +4520,13 @@ def several_ranks_overwrite(f):
     }
     writers = {}
     for rank, e in f.job.records("write"):
-        if e["mode"] == "overwrite" and e["path"] not in saved and not e["path"].endswith(".lock"):
+        emptied = e["at"] in f.emptied_at  # `with open(path, "w"): pass`: emptied, nothing written over
+        if (
+            e["mode"] == "overwrite"
+            and e["path"] not in saved
+            and not e["path"].endswith(".lock")
+            and not emptied
+        ):
             writers.setdefault(f.renamed.get(e["path"], e["path"]), {})[rank] = e
     for path, by in sorted(writers.items()):
         if len(by) > 1:
