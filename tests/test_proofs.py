@@ -60,7 +60,7 @@ def assert_same_training(a, b, epoch, tolerance):
     )
     losses_a = [r["loss"] for r in read_metrics(a)]
     losses_b = [r["loss"] for r in read_metrics(b)]
-    assert len(losses_a) == len(losses_b)
+    assert len(losses_a) == len(losses_b) == epoch, (losses_a, losses_b)  # an epoch's line each
     assert max(abs(x - y) for x, y in zip(losses_a, losses_b, strict=True)) <= tolerance
 
 
@@ -419,7 +419,9 @@ def test_val_loss_is_exact_at_any_world_size(shared_run, nproc, base_batch, data
         baseline_run(batch_size=base_batch, dataset_size=dataset_size),
         ddp_run(nproc, batch_size=base_batch // nproc, dataset_size=dataset_size),
     )
-    for b, d in zip(read_metrics(base.out), read_metrics(ddp.out), strict=True):
+    base_records, ddp_records = read_metrics(base.out), read_metrics(ddp.out)
+    assert len(base_records) == PROOF_FLAGS["epochs"], base_records  # every epoch evaluated, in both
+    for b, d in zip(base_records, ddp_records, strict=True):
         assert abs(b["val_loss"] - d["val_loss"]) <= 1e-6, (b, d)
 
 
