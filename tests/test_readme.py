@@ -4,6 +4,7 @@ tool, every relative link leads to a file, and every test that tests/README.md n
 import ast
 import json
 import re
+import shutil
 import subprocess
 from urllib.parse import unquote
 
@@ -24,11 +25,32 @@ def test_readme_step_names_are_the_ones_in_train_ddp():
         assert f"DDP step {number}: {name}" in code, f"train_ddp.py never says 'DDP step {number}: {name}'"
 
 
-def test_ci_runs_the_readme_test_command():
-    command = re.search(r"<!-- test-command -->\n```bash\n(.+)\n```", README).group(1)
-    assert "pytest" in command
+def ci_on(folder, readme):
+    """Run .ci/run as CI does, in a folder of its own whose README.md is readme."""
+    (folder / ".ci").mkdir(parents=True)
+    shutil.copy(ROOT / ".ci/run", folder / ".ci/run")
+    (folder / "README.md").write_text(readme)
+    return subprocess.run(["bash", ".ci/run"], cwd=folder, capture_output=True, text=True, timeout=60)
+
+
+def test_ci_runs_the_readmes_test_command_and_fails_when_it_fails(tmp_path):
+    def readme(command):
+        return f"# A project\n\nRun the tests:\n\n<!-- test-command -->\n```bash\n{command}\n```\n"
+
+    passing = ci_on(tmp_path / "passing", readme("echo ran > marker && echo $((6 * 7))"))
+    assert passing.returncode == 0, passing.stderr
+    assert (tmp_path / "passing/marker").read_text() == "ran\n"  # it ran the command, in the project
+    assert passing.stdout == "+ echo ran > marker && echo $((6 * 7))\n42\n"  # what it ran, then its output
+    failing = ci_on(tmp_path / "failing", readme("echo ran > marker && exit 3"))
+    assert (tmp_path / "failing/marker").exists() and failing.returncode == 3, failing.stderr
+    unmarked = ci_on(tmp_path / "unmarked", "# A project\n\n```bash\necho ran > marker\n```\n")
+    assert unmarked.returncode == 1 and "no test command found" in unmarked.stderr
+    assert not (tmp_path / "unmarked/marker").exists()
+    # and on this README, the command CI runs is the one that sets up and runs this suite
     ci = subprocess.run(["bash", ".ci/run", "--print"], cwd=ROOT, capture_output=True, text=True)
-    assert ci.stdout.strip() == command
+    assert re.search(r"pip install -r requirements\.txt && \S*python -m pytest$", ci.stdout.strip()), (
+        ci.stdout
+    )
 
 
 def anchors(page):
