@@ -328,7 +328,7 @@ def fault_kinds():
     return re.findall(r"^ {4}([a-z]+)\b", listed, flags=re.M)
 
 
-def tests_of_each_fault():
+def fault_tests():
     """{kind: the node ids of the tests that run a command with that fault}, read from the test
     modules: a command f"... {FAULT} KIND@... script.py ..." in a test function."""
     found = {}
@@ -349,12 +349,12 @@ FAULTS = fault_kinds()
 
 
 def test_every_fault_has_a_test_and_every_test_a_listed_fault():
-    assert sorted(tests_of_each_fault()) == sorted(FAULTS)
+    assert sorted(fault_tests()) == sorted(FAULTS)
 
 
 def with_fault_off(kind, folder):
     """Run the tests of a fault with FAULT_OFF=kind, in a pytest of their own; what each ended with."""
-    tests, report = tests_of_each_fault()[kind], folder / f"{kind}.xml"
+    tests, report = fault_tests()[kind], folder / f"{kind}.xml"
     command = [sys.executable, "-m", "pytest", *tests, "-p", "no:cacheprovider", "-o", "addopts=", "-q"]
     command += [f"--junitxml={report}", f"--basetemp={folder / kind}"]
     proc = subprocess.run(
@@ -383,7 +383,7 @@ def test_with_its_fault_off_each_faults_test_fails_saying_it_never_fired(faults_
     # a run that never met its fault may end as one that did (an uninterrupted run resumes from
     # nothing and equals the straight run): each test first asserts that its fault fired
     proc, outcomes = faults_off[kind].result()
-    assert len(outcomes) >= len(tests_of_each_fault()[kind]), proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert len(outcomes) >= len(fault_tests()[kind]), proc.stdout[-3000:] + proc.stderr[-3000:]
     for name, failure in outcomes.items():
         assert failure is not None, f"{name} passed with fault.py's {kind} off"
         assert f"fault.py's {kind}" in failure and "never fired" in failure, f"{name}: {failure}"
