@@ -205,13 +205,3 @@ def test_every_term_the_readme_defines_is_defined_before_its_first_use():
             line = text[: first.start()].count("\n") + 1
             early.append(f"{term!r}, used on line {line}, before it is defined")
     assert not early, early
-
-
-def test_the_check_cost_the_readme_gives_is_the_kept_benchmark_output():
-    shown = re.search(r"costs about one run \((\d+\.\d) s against (\d+\.\d) s", README)
-    assert shown, "the README no longer gives what a check costs: drop this test, or the benchmark's output"
-    kept = re.search(
-        r"<!-- check-cost -->\n```text\n(.*?)```", (ROOT / "benchmarks/README.md").read_text(), re.S
-    )
-    medians = dict(re.findall(r"^(run|check) +median (\d+\.\d) s", kept.group(1), flags=re.M))
-    assert shown.groups() == (medians["check"], medians["run"]), (shown.groups(), medians)
