@@ -64,7 +64,7 @@ def test_every_kept_output_a_page_shows_is_what_its_benchmark_printed():
             f"$ {record['command']}",
             *(line for line in record["printed"].splitlines() if line.strip()),
         ]
-        assert lines == printed, f"{page.name} shows {path} otherwise than it was printed"
+        assert lines == printed, f"{page.relative_to(ROOT)} shows {path} otherwise than it was printed"
     on_pages = {path for _, path, _ in regions}
     files = {str(p.relative_to(ROOT)) for p in (ROOT / "benchmarks").glob("*.kept.json")}
     assert files == on_pages, f"kept outputs no page shows: {files - on_pages}"
