@@ -80,7 +80,8 @@ def suite_runs(tier):
         suite = ElementTree.parse(report).getroot().find("testsuite")
         properties = {p.get("name"): p.get("value") for p in suite.iter("property")}
         cases = {case.get("name"): float(case.get("time")) for case in suite.iter("testcase")}
-        runs[report.stem] = {**suite.attrib, **properties, "cases": cases}
+        skips = [skip.get("message") for skip in suite.iter("skipped")]
+        runs[report.stem] = {**suite.attrib, **properties, "cases": cases, "skips": skips}
     return runs
 
 
@@ -100,7 +101,7 @@ def totals(runs):
     }
 
 
-def test_the_kept_runs_of_the_suite_passed_and_the_quick_tier_covers_every_file():
+def test_the_kept_runs_of_the_suite_passed_skipped_only_gpu_tests_and_the_quick_tier_covers_every_file():
     quick, full = suite_runs("quick"), suite_runs("full")
     files = {p.stem for p in (ROOT / "tests").glob("test_*.py")}
     assert set(quick) == files, f"test files without a kept quick run: {files - set(quick)}"
@@ -110,6 +111,8 @@ def test_the_kept_runs_of_the_suite_passed_and_the_quick_tier_covers_every_file(
             assert run["failures"] == run["errors"] == "0", (
                 f"tests/timings/{tier}/{name}.xml: a run that failed"
             )
+            # tests/README.md: nothing skips but the GPU set, where there is no GPU
+            assert all("GPU" in skip for skip in run["skips"]), f"{tier}/{name}.xml skipped: {run['skips']}"
 
 
 def suite_figures():
