@@ -4,6 +4,7 @@
     python benchmarks/benchmark.py --nprocs 1,2,4 --repeats 5 --json out/benchmark.json
     python benchmarks/benchmark.py --device cpu           # the CPU (gloo) even on a GPU machine
     python benchmarks/benchmark.py --budget 240           # as many rounds as fit in 4 minutes
+    python benchmarks/benchmark.py --keep benchmarks/benchmark.kept.json   # the page's figures
 
 Each round runs every case once, in a rotated order, and the benchmark repeats rounds
 (--repeats, at least 3): these machines are noisy, so numbers measured side by side,
@@ -19,7 +20,9 @@ no N exceeds the GPUs, and the 2-process cases run 1 process on a 1-GPU machine.
 run that fails is run again once, after its reason (its last lines of stderr) is
 printed; a second failure, or a run past --run_timeout, stops the benchmark. The JSON
 is written after every run, so that a stop, or a kill from outside, keeps what was
-measured; the tables summarise the rounds that were completed.
+measured; the tables summarise the rounds that were completed. --keep also writes what it
+printed, with the date, the machine and its load, to a small JSON file: the page's figures are
+read from it (tests/test_figures.py).
 
 Where scaling goes is measured, not guessed: the largest N is run a second time with
 DDP's gradient all-reduce skipped (benchmarks/no_comm.py, torch's noop_hook), in the
@@ -46,7 +49,7 @@ import time
 from pathlib import Path
 
 import torch
-from environment import describe  # benchmarks/environment.py
+from environment import Kept, describe  # benchmarks/environment.py
 
 ROOT = Path(__file__).resolve().parent.parent
 REGIMES = {  # the scaling presets: flags for train_ddp.py, per process
@@ -77,6 +80,9 @@ parser.add_argument(
     type=float,
     help="seconds: start no round that would end past them, judged by the slowest round so far "
     "(default: no limit)",
+)
+parser.add_argument(
+    "--keep", metavar="FILE", help="also write the report, date, machine and load to FILE (JSON)"
 )
 parser.add_argument(
     "--run_timeout",
@@ -314,6 +320,7 @@ report = {
     "repeats": args.repeats,
 }
 load = {"start": os.getloadavg()[0]}  # the 1-minute load average: other work skews every number
+out = Kept(args.keep)
 rounds = []  # every number measured, round by round; the last may be cut short
 
 
@@ -362,25 +369,29 @@ complete = report["complete_rounds"]
 if not complete:
     sys.exit(f"benchmark: no round was completed; what was measured is in {args.json}")
 done = f"{complete} rounds" if complete == args.repeats else f"{complete} of {args.repeats} rounds"
-print(f"{machine}; torch {torch.__version__}; {done}; median, min and max")
-print(f"load average {load['start']:.1f} at the start, {load['end']:.1f} at the end ({os.cpu_count()} cores)")
-print(f"{scope}\n")
-print("| measurement | median | min | max | unit |")
-print("| --- | --- | --- | --- | --- |")
+minutes = (time.perf_counter() - started) / 60
+out.say(f"{machine}; torch {torch.__version__}; {done} in {minutes:.1f} minutes; median, min and max")
+out.say(
+    f"load average {load['start']:.1f} at the start, {load['end']:.1f} at the end ({os.cpu_count()} cores)"
+)
+out.say(f"{scope}\n")
+out.say("| measurement | median | min | max | unit |")
+out.say("| --- | --- | --- | --- | --- |")
 for name, stats in report["measured"].items():
     unit = f"s (wall, whole job, N={pair})" if name in ("first result", "floor") else "samples/s"
-    print(f"| {name} | {stats['median']:,.2f} | {stats['min']:,.2f} | {stats['max']:,.2f} | {unit} |")
-print("\n| derived, per round | median | min | max | what it is |")
-print("| --- | --- | --- | --- | --- |")
+    out.say(f"| {name} | {stats['median']:,.2f} | {stats['min']:,.2f} | {stats['max']:,.2f} | {unit} |")
+out.say("\n| derived, per round | median | min | max | what it is |")
+out.say("| --- | --- | --- | --- | --- |")
 for name, stats in report["derived"].items():
     meaning = report["meaning"][name]
-    print(f"| {name} | {stats['median']:.3f} | {stats['min']:.3f} | {stats['max']:.3f} | {meaning} |")
-print()
+    out.say(f"| {name} | {stats['median']:.3f} | {stats['min']:.3f} | {stats['max']:.3f} | {meaning} |")
+out.say()
 for line in report["explained"]:
-    print(textwrap.fill(line, width=88, subsequent_indent="  "))
+    out.say(textwrap.fill(line, width=88, subsequent_indent="  "))
 for command in retried:
-    print(f"failed once, and ran again (its reason is above): {command}")
+    out.say(f"failed once, and ran again (its reason is above): {command}")
 if stopped:
-    print(f"fewer rounds than asked for: {stopped}")
+    out.say(f"fewer rounds than asked for: {stopped}")
 print(f"\nwritten to {args.json}")
+out.save(machine, minutes=minutes, **{key: report[key] for key in ("measured", "derived", "rounds", "scope")})
 sys.exit(1 if failed else 0)

@@ -3,6 +3,7 @@
     python benchmarks/buckets.py                      # the wide model, 2 processes: 3 minutes on 2 cores
     python benchmarks/buckets.py --caps torch,25,0.25,0.001 --repeats 5
     python benchmarks/buckets.py --regime large --repeats 1 --out out/gpu_checks/buckets   # on GPUs
+    python benchmarks/buckets.py --keep benchmarks/buckets.kept.json   # the page's figures
 
 Each round runs train_ddp.py once per bucket size ("torch": the flag not given, torch's own
 default), in an order rotated from round to round, with --profile, which records steps 3 to 6
@@ -13,13 +14,16 @@ of epoch 2; the regimes are benchmark.py's. From each run it reads
 - from metrics.jsonl: samples/s, the median of the epochs after the recorded one.
 It prints a table of medians, with min and max over the rounds, writes OUT/buckets.json, and keeps
 the first round's traces (OUT/<case>/trace_rank*.json) and their timeline, OUT/timeline.png.
-Every process gets one thread (OMP_NUM_THREADS=1), as in benchmark.py. No test asserts a number.
+Every process gets one thread (OMP_NUM_THREADS=1), as in benchmark.py. No test asserts a number;
+--keep writes the table, with the date, the machine and its load, to a small JSON file, from which
+tests/test_figures.py reads the page's figures.
 """
 
 import argparse
 import ast
 import json
 import os
+import platform
 import shutil
 import statistics
 import subprocess
@@ -28,6 +32,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from environment import Kept  # benchmarks/environment.py
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -52,7 +57,11 @@ parser.add_argument(
     "--out", default="out/buckets", help="where the traces, figure and JSON go (default: %(default)s)"
 )
 parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto", help="(default: auto)")
+parser.add_argument(
+    "--keep", metavar="FILE", help="also write the table, date, machine and load to FILE (JSON)"
+)
 args = parser.parse_args()
+kept = Kept(args.keep and os.path.abspath(args.keep))  # before the chdir below
 cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
 if cuda and not torch.cuda.is_available():
     parser.error("--device cuda: PyTorch sees no CUDA GPU on this machine; use --device cpu")
@@ -67,7 +76,7 @@ from walkthrough_helpers import communication, draw_timelines, read_traces  # no
 if cuda:
     machine = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name()}, nccl"
 else:
-    machine = f"{os.cpu_count()}-core CPU, gloo"
+    machine = f"{os.cpu_count()}-core {platform.machine()} CPU, gloo"
 label = f"{regime} model, {nproc} processes; {machine}; torch {torch.__version__}"
 env = dict(os.environ, OMP_NUM_THREADS="1")
 scratch = Path(tempfile.mkdtemp(prefix="buckets-"))
@@ -121,16 +130,15 @@ def per_rank(cap, key, spec):
 
 
 rounds_run = f"{args.repeats} rounds; median (min to max)" if args.repeats > 1 else "1 round"
-print(f"{label}; {rounds_run}\n")
-print(
-    "| --bucket_cap_mb | buckets a step | all-reduce ms a step, by rank | hidden under backward, by rank |",
-    end="",
+kept.say(f"{label}; {rounds_run}\n")
+kept.say(
+    "| --bucket_cap_mb | buckets a step | all-reduce ms a step, by rank | hidden under backward, by rank "
+    "| samples/s |\n| --- | --- | --- | --- | --- |"
 )
-print(" samples/s |\n| --- | --- | --- | --- | --- |")
 for cap in caps:
     buckets = sorted({b for one in rounds for b in one[cap]["buckets"]})
     speed = summary([one[cap]["samples_per_sec"] for one in rounds], ",.0f")
-    print(
+    kept.say(
         f"| {cap} | {', '.join(f'{b:g}' for b in buckets)} | {per_rank(cap, 'all_reduce_ms', '.1f')} | "
         f"{per_rank(cap, 'hidden', '.0%')} | {speed} |"
     )
@@ -145,3 +153,4 @@ draw_timelines(first, title=f"The first 2 recorded steps of round 1; {label}").s
 )
 print(f"\nthe traces: {out}/<bucket_cap_mb>/trace_rank*.json; their timeline: {out / 'timeline.png'}")
 print(f"every number: {out / 'buckets.json'}")
+kept.save(machine, label=label, caps=caps, rounds=rounds)

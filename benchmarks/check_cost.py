@@ -2,6 +2,7 @@
 
     python benchmarks/check_cost.py                          # train_ddp.py at its defaults, 3 rounds
     python benchmarks/check_cost.py --rounds 5 tests/check_ddp_cases/mnist_ok.py
+    python benchmarks/check_cost.py --rounds 5 --keep benchmarks/check_cost.kept.json   # the pages' figure
 
 Each round runs, in a rotated order, the script as a user would (`torchrun --standalone
 --nproc_per_node=2 SCRIPT`) and its check (`python check_ddp.py SCRIPT`), each in a fresh
@@ -12,6 +13,7 @@ side are compared). No test asserts these times.
 
 import argparse
 import os
+import platform
 import shutil
 import statistics
 import subprocess
@@ -20,12 +22,18 @@ import tempfile
 import time
 from pathlib import Path
 
+from environment import Kept  # benchmarks/environment.py
+
 ROOT = Path(__file__).resolve().parent.parent
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("script", nargs="?", default=str(ROOT / "train_ddp.py"), help="default: train_ddp.py")
 parser.add_argument("--rounds", type=int, default=3, help="rounds of both commands (default: 3)")
+parser.add_argument(
+    "--keep", metavar="FILE", help="also write the output, date, machine and load to FILE (JSON)"
+)
 args = parser.parse_args()
+out = Kept(args.keep)
 script = Path(args.script).resolve()
 if not script.is_file():
     parser.error(f"{args.script}: no such file")
@@ -50,13 +58,23 @@ for r in range(args.rounds):
                 f"check_cost: {name} exited {proc.returncode}:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
             )
     rounds.append(seconds)
-    print(f"round {r + 1}: run {seconds['run']:.1f} s, check {seconds['check']:.1f} s", flush=True)
+    out.say(f"round {r + 1}: run {seconds['run']:.1f} s, check {seconds['check']:.1f} s")
 
 ratios = [one["check"] / one["run"] for one in rounds]
-print(f"\n{script.name}, 2 processes on the CPU, {args.rounds} rounds; load average {os.getloadavg()[0]:.1f}")
+out.say(
+    f"\n{script.name}, 2 processes on the CPU, {args.rounds} rounds; load average {os.getloadavg()[0]:.1f}"
+)
+medians = {}
 for name in commands:
     values = [one[name] for one in rounds]
-    print(f"{name:5}  median {statistics.median(values):.1f} s  ({min(values):.1f} to {max(values):.1f})")
-print(
+    medians[name] = statistics.median(values)
+    out.say(f"{name:5}  median {medians[name]:.1f} s  ({min(values):.1f} to {max(values):.1f})")
+out.say(
     f"check / run, per round: median {statistics.median(ratios):.2f} ({min(ratios):.2f} to {max(ratios):.2f})"
+)
+out.save(
+    f"{os.cpu_count()}-core {platform.machine()} CPU",
+    rounds=rounds,
+    median_s=medians,
+    check_over_run=statistics.median(ratios),
 )

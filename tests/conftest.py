@@ -16,6 +16,8 @@ on a copy of its folder (Run.copy_to), so that every other test reads the run as
 """
 
 import hashlib
+import os
+import platform
 import re
 import shutil
 import subprocess
@@ -90,3 +92,20 @@ def shared_run(tmp_path_factory):
 
     yield shared_run
     pool.shutdown(cancel_futures=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def where_the_suite_ran(record_testsuite_property):
+    """With --junitxml (tests/timings/ keeps such reports, tests/README.md quotes them), the report says
+    what the suite ran on and under what load, beside pytest's own date, host and times."""
+    cpu = (
+        re.search(r"^model name\s*: (.+)$", Path("/proc/cpuinfo").read_text(), re.M)
+        if os.path.exists("/proc/cpuinfo")
+        else None
+    )
+    record_testsuite_property(
+        "machine", f"{os.cpu_count()}-core {platform.machine()} CPU, {cpu[1] if cpu else '?'}"
+    )
+    record_testsuite_property("load_average_start", f"{os.getloadavg()[0]:.1f}")
+    yield
+    record_testsuite_property("load_average_end", f"{os.getloadavg()[0]:.1f}")

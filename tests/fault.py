@@ -12,6 +12,11 @@ FAULT is one of, acting in torchrun's first attempt only (a restart runs clean):
     syncs           report each os.fsync and os.replace on stderr, in order
     hold            rank 0 holds still after it has saved model_epoch_1.pt, until a file named
                     "release" appears in the working folder (so a test can act on a running job)
+
+A fault that fires says so on stderr, `fault.py: FAULT fired: what it did`, so that a test can tell
+a run that met its fault from one that did not (helpers.assert_fired). FAULT_OFF=KIND (or several,
+comma-separated) turns off the faults of those kinds, and the script runs clean: the meta-test
+(test_faults.py) runs each fault's tests so, and sees them fail.
 """
 
 import errno
@@ -30,7 +35,16 @@ armed = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
 rank = int(os.environ.get("RANK", "0"))
 steps = 0
 
-if kind in ("kill", "raise"):
+
+def fired(what):
+    """Say that the fault acted, before it acts (a SIGKILL leaves no time after)."""
+    sys.stderr.write(f"fault.py: {fault} fired: {what}\n")
+    sys.stderr.flush()
+
+
+if kind in os.environ.get("FAULT_OFF", "").split(","):
+    sys.stderr.write(f"fault.py: {fault} is off (FAULT_OFF): the script runs clean\n")
+elif kind in ("kill", "raise"):
     fault_rank, fault_step = map(int, where.split(":"))
     sgd_step = torch.optim.SGD.step
 
@@ -38,6 +52,7 @@ if kind in ("kill", "raise"):
         global steps
         steps += 1
         if armed and rank == fault_rank and steps == fault_step:
+            fired(f"rank {rank} at its optimizer step {steps}")
             if kind == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
             raise RuntimeError(f"injected fault at step {steps} of rank {rank}")
@@ -56,6 +71,7 @@ elif kind in ("cut", "full"):
         def write(self, data):
             self.written += len(data)
             if self.written > 1024:
+                fired(f"no space left after {self.written - len(data)} bytes of {self.file.name}")
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
             return self.file.write(data)
 
@@ -70,7 +86,9 @@ elif kind in ("cut", "full"):
         save(obj, f, *args, **kwargs)
         if hit:  # cut
             f.flush()
-            os.truncate(name, os.path.getsize(name) // 2)
+            size = os.path.getsize(name)
+            os.truncate(name, size // 2)
+            fired(f"{name} cut to {size // 2} of its {size} bytes; rank {rank} killed with SIGKILL")
             os.kill(os.getpid(), signal.SIGKILL)
 
     torch.save = save_with_fault
@@ -82,6 +100,7 @@ elif kind == "stale":
         if rank == int(where) and pattern == "model_epoch_*.pt" and found:
             newest = max(found, key=lambda p: int(p.stem.split("_")[-1]))
             found.remove(newest)
+            fired(f"rank {rank} lists {self} without {newest.name}")
         return iter(found)
 
     pathlib.Path.glob = stale_glob
@@ -89,6 +108,9 @@ elif kind == "syncs":
     fsync, replace = os.fsync, os.replace
 
     def traced_fsync(fd):
+        if not getattr(traced_fsync, "fired", False):
+            traced_fsync.fired = True
+            fired("each os.fsync and os.replace is reported below")
         sys.stderr.write(f"FSYNC {os.readlink(f'/proc/self/fd/{fd}')}\n")
         return fsync(fd)
 
@@ -103,6 +125,7 @@ elif kind == "hold":
     def replace_then_hold(src, dst, *args, **kwargs):
         replace(src, dst, *args, **kwargs)
         if str(dst).endswith("model_epoch_1.pt"):
+            fired(f"rank {rank} holds after saving {dst}, until ./release exists")
             while not os.path.exists("release"):
                 time.sleep(0.1)
 

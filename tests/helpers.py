@@ -15,6 +15,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ("single_gpu_baseline.py", "train_ddp.py")
 # torchrun, as the interpreter running the tests runs it: never another torch's torchrun on PATH
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+# runs a script with one injected fault (its docstring lists them)
+FAULT = ROOT / "tests" / "fault.py"
 
 
 # The runs the proofs compare, written once for every module that makes them, so that the same run
@@ -118,6 +120,11 @@ def selected(request, test):
     """The cases of test, a test function, that this session runs (after -k, -m and the like):
     each one's parameters, in the order they run."""
     return [item.callspec.params for item in request.session.items if getattr(item, "function", None) is test]
+
+
+def assert_fired(stderr, fault):
+    """The run met its fault: fault.py said that it fired (a run without it may end the same)."""
+    assert f"fault.py: {fault} fired: " in stderr, f"fault.py's {fault} never fired:\n{stderr[-3000:]}"
 
 
 def read_metrics(out_dir):

@@ -1,5 +1,7 @@
-"""How the code reads: the twin diff shows only named DDP steps, and the lint is clean."""
+"""How the code reads: the twin diff shows only named DDP steps, the lint is clean, and the tools
+are the versions requirements.txt pins."""
 
+import importlib.metadata
 import re
 import subprocess
 import sys
@@ -50,3 +52,18 @@ def test_ruff_lint_and_format_are_clean():
             [sys.executable, "-m", "ruff", *command], cwd=ROOT, capture_output=True, text=True
         )
         assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_every_package_requirements_txt_pins_is_installed_at_its_version():
+    # a missing or other version fails here, rather than a test skipping itself (an upgrade of
+    # ruff or torch changes what the tests see: it must be made on purpose, in requirements.txt)
+    pins = re.findall(r"^([\w-]+)==(\S+)$", (ROOT / "requirements.txt").read_text(), flags=re.M)
+    assert len(pins) >= 5, pins  # torch, numpy, pytest, ruff, the notebook's
+    found = {}
+    for name, _ in pins:
+        try:
+            found[name] = importlib.metadata.version(name).partition("+")[0]  # 2.13.0+cpu: a build of 2.13.0
+        except importlib.metadata.PackageNotFoundError:
+            found[name] = "missing"
+    wrong = [f"{name}=={pinned}: {found[name]}" for name, pinned in pins if found[name] != pinned]
+    assert not wrong, f"not as requirements.txt pins (pip install -r requirements.txt): {wrong}"

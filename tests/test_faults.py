@@ -2,26 +2,34 @@
 one clear error line (non-zero exit, no traceback from our scripts), with no history lost, no
 NaN saved and no stray file left."""
 
+import ast
 import json
+import os
+import re
 import subprocess
+import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
+from xml.etree import ElementTree
 
 import pytest
 import torch
 from helpers import (
+    FAULT,
     ROOT,
     SMALL,
     STRAIGHT,
     TORCHRUN,
+    assert_fired,
     copy_scripts,
     cpu_env,
     load_checkpoint,
     read_metrics,
     run,
     run_at_once,
+    selected,
 )
 
-FAULT = ROOT / "tests" / "fault.py"
 TORCHRUN_2 = "torchrun --standalone --nproc_per_node=2"
 # SMALL: 512 samples, 64 held out, a checkpoint every epoch (helpers.py)
 
@@ -99,13 +107,18 @@ def test_a_second_job_into_a_running_jobs_out_dir_is_refused_and_changes_nothing
         before = snapshot(work / "shared")
         # --resume auto takes the running job's checkpoint, and then finds the folder locked
         second = run(
-            f"{TORCHRUN_2} train_ddp.py --epochs 4 {SMALL} --resume auto --out_dir shared", cwd=work, expect=1
+            f"{TORCHRUN_2} train_ddp.py --epochs 4 {SMALL} --resume auto --out_dir shared",
+            cwd=work,
+            expect=None,
         )
-        assert_one_clear_line(second, "--out_dir shared is in use by another run")
-        assert snapshot(work / "shared") == before
+        after = snapshot(work / "shared")
     finally:
         (work / "release").touch()
         stdout, stderr = first.communicate(timeout=180)
+    assert_fired(stderr, "hold")  # the first job was still running: a finished one holds no lock
+    assert second.returncode == 1, second.stdout + second.stderr
+    assert_one_clear_line(second, "--out_dir shared is in use by another run")
+    assert after == before
     assert first.returncode == 0, stdout + stderr
     assert [r["epoch"] for r in strict_records(work / "shared")] == [1, 2, 3, 4]
 
@@ -181,6 +194,7 @@ def test_a_full_disk_while_saving_says_so_and_keeps_the_previous_checkpoint(work
     proc = run(
         f"{launcher} {FAULT} full@3 train_ddp.py --epochs 4 {SMALL} --out_dir full", cwd=work, expect=None
     )
+    assert_fired(proc.stderr, "full@3")
     assert proc.returncode != 0
     errors = error_lines(proc)
     assert len(errors) == 1 and "No space left on device" in errors[0], proc.stderr
@@ -198,6 +212,7 @@ def test_a_full_disk_while_saving_says_so_and_keeps_the_previous_checkpoint(work
 @pytest.mark.slow
 def test_a_checkpoint_is_on_disk_before_it_is_renamed_into_place(work):
     proc = run(f"python {FAULT} syncs train_ddp.py --epochs 1 {SMALL} --out_dir synced", cwd=work)
+    assert_fired(proc.stderr, "syncs")
     trace = [line.split() for line in proc.stderr.splitlines() if line.startswith(("FSYNC", "REPLACE"))]
     final = str(work / "synced/model_epoch_1.pt")
     assert trace == [
@@ -261,13 +276,16 @@ def test_fewer_epochs_than_the_checkpoint_has_done_is_refused(two_epochs):
 
 
 @pytest.mark.slow
-def test_rank_0_chooses_the_checkpoint_every_rank_resumes(first_attempt, straight):
+def test_rank_0_chooses_the_checkpoint_every_rank_resumes(first_attempt, shared_run):
     # rank 1 sees --out_dir without its newest checkpoint, as a node with a stale view of a
     # shared filesystem may: it must still resume from rank 0's choice, with rank 0
     work = first_attempt
     stale = f"{TORCHRUN_2} {FAULT} stale@1 train_ddp.py --epochs 4 {SMALL} --resume auto --out_dir requeued"
-    run(stale, cwd=work)  # REQUEUED, again, for 4 epochs
+    proc = run(stale, cwd=work)  # REQUEUED, again, for 4 epochs
+    assert_fired(proc.stderr, "stale@1")  # rank 1 listed the folder, and missed model_epoch_2.pt
+    assert "without model_epoch_2.pt" in proc.stderr
     assert [r["epoch"] for r in read_metrics(work / "requeued")] == [1, 2, 3, 4]
+    straight = load_checkpoint(shared_run(STRAIGHT).out / "model_epoch_4.pt")  # made once, as `straight` is
     assert_bit_identical(straight, load_checkpoint(work / "requeued/model_epoch_4.pt"))
 
 
@@ -290,9 +308,82 @@ def test_half_a_torchrun_environment_gets_one_clear_line(work, given, missing):
 
 def test_under_torchrun_a_refusal_is_printed_once_and_nothing_waits(work):
     # also test_proofs' bad-input case of the command line under torchrun
-    start = time.monotonic()
     proc = run(f"{TORCHRUN_2} train_ddp.py --batch_size 0", cwd=work, expect=1, timeout=60)
     assert_one_clear_line(proc, "--batch_size: must be a whole number of at least 1")
     assert proc.stderr.count("usage:") == 0
-    assert time.monotonic() - start < 30
+    # local rank 0 refused at once, and torchrun stopped local rank 1 during the seconds it gives
+    # torchrun to do so (train_ddp.py's refuse()): no process waited for another to refuse too
+    assert "failed (exitcode: 2) local_rank: 0" in proc.stderr, proc.stderr
+    assert re.search(r"local_rank: 1\)\n +exitcode +: -15 .*\(SIGTERM\)", proc.stderr), proc.stderr
     assert not (work / "out").exists(), "a failed run left files behind"
+
+
+# Each fault fires: with it off, its tests fail --------------------------------------------------
+
+
+def fault_kinds():
+    """The faults fault.py's docstring lists: kill, raise, cut, ..."""
+    doc = ast.get_docstring(ast.parse(FAULT.read_text()))
+    listed = doc[doc.index("FAULT is one of") :].split("\n\n")[0]
+    return re.findall(r"^ {4}([a-z]+)\b", listed, flags=re.M)
+
+
+def fault_tests():
+    """{kind: the node ids of the tests that run a command with that fault}, read from the test
+    modules: a command f"... {FAULT} KIND@... script.py ..." in a test function."""
+    found = {}
+    for module in sorted((ROOT / "tests").glob("test_*.py")):
+        for function in ast.parse(module.read_text()).body:
+            if not (isinstance(function, ast.FunctionDef) and function.name.startswith("test_")):
+                continue
+            for node in ast.walk(function):
+                parts = node.values if isinstance(node, ast.JoinedStr) else []
+                for part, after in zip(parts, parts[1:], strict=False):
+                    if getattr(part, "value", None) and getattr(part.value, "id", None) == "FAULT":
+                        kind = after.value.split()[0].partition("@")[0]
+                        found.setdefault(kind, set()).add(f"tests/{module.name}::{function.name}")
+    return {kind: sorted(tests) for kind, tests in found.items()}
+
+
+FAULTS = fault_kinds()
+
+
+def test_every_fault_has_a_test_and_every_test_a_listed_fault():
+    assert sorted(fault_tests()) == sorted(FAULTS)
+
+
+def with_fault_off(kind, folder):
+    """Run the tests of a fault with FAULT_OFF=kind, in a pytest of their own; what each ended with."""
+    tests, report = fault_tests()[kind], folder / f"{kind}.xml"
+    command = [sys.executable, "-m", "pytest", *tests, "-p", "no:cacheprovider", "-o", "addopts=", "-q"]
+    command += [f"--junitxml={report}", f"--basetemp={folder / kind}"]
+    proc = subprocess.run(
+        command, cwd=ROOT, env=dict(os.environ, FAULT_OFF=kind), capture_output=True, text=True, timeout=900
+    )
+    cases = ElementTree.parse(report).getroot().iter("testcase") if report.exists() else []
+    failures = {case.get("name"): case.find("failure") for case in cases}
+    return proc, {
+        name: None if failure is None else failure.get("message") for name, failure in failures.items()
+    }
+
+
+@pytest.fixture(scope="module")
+def faults_off(request, tmp_path_factory):
+    """Each selected fault's tests, run with it off, two pytests at a time."""
+    folder = tmp_path_factory.mktemp("faults_off")
+    pool = ThreadPoolExecutor(max_workers=2)
+    cases = selected(request, test_with_its_fault_off_each_faults_test_fails_saying_it_never_fired)
+    yield {case["kind"]: pool.submit(with_fault_off, case["kind"], folder) for case in cases}
+    pool.shutdown(cancel_futures=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", FAULTS)
+def test_with_its_fault_off_each_faults_test_fails_saying_it_never_fired(faults_off, kind):
+    # a run that never met its fault may end as one that did (an uninterrupted run resumes from
+    # nothing and equals the straight run): each test first asserts that its fault fired
+    proc, outcomes = faults_off[kind].result()
+    assert len(outcomes) >= len(fault_tests()[kind]), proc.stdout[-3000:] + proc.stderr[-3000:]
+    for name, failure in outcomes.items():
+        assert failure is not None, f"{name} passed with fault.py's {kind} off"
+        assert f"fault.py's {kind}" in failure and "never fired" in failure, f"{name}: {failure}"

@@ -1,6 +1,10 @@
-"""Every pitfall in pitfalls/ runs alone, as its docstring says, and behaves as it documents."""
+"""Every pitfall in pitfalls/ runs alone, as its docstring says, and its own checks hold: the mistake
+and the fix each did what the pitfall says they do. Pitfall 13's lesson is a speed, and no test
+judges a speed: its test checks what it ran, and that it timed both."""
 
 import ast
+import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -26,16 +30,25 @@ def pitfall_runs(request):
     that shows a hang), and two of them take little more time than one."""
     pool = ThreadPoolExecutor(max_workers=2)
     cases = selected(request, test_pitfall_shows_its_mistake_and_fix)
+    timed = test_pitfall_13_times_all_cores_a_process_against_one_thread
+    cases += [{"name": TIMED} for item in request.session.items if getattr(item, "function", None) is timed]
     yield {case["name"]: pool.submit(run_pitfall, case["name"]) for case in cases}
     pool.shutdown(cancel_futures=True)
 
 
 # the quick tier (not slow) runs the one pitfall that starts no torchrun job
 QUICK = "12_unsafe_torch_load.py"
+# the one whose symptom is a time: its own test, below
+TIMED = "13_too_many_threads.py"
 
 
 @pytest.mark.parametrize(
-    "name", [name if name == QUICK else pytest.param(name, marks=pytest.mark.slow) for name in PITFALLS]
+    "name",
+    [
+        name if name == QUICK else pytest.param(name, marks=pytest.mark.slow)
+        for name in PITFALLS
+        if name != TIMED
+    ],
 )
 def test_pitfall_shows_its_mistake_and_fix(pitfall_runs, name):
     command = f"python pitfalls/{name}"
@@ -45,3 +58,17 @@ def test_pitfall_shows_its_mistake_and_fix(pitfall_runs, name):
     lines = pitfall_runs[name].result().stdout.splitlines()
     assert lines[-1] == "as documented", lines
     assert len(lines) <= 12, f"{name}: a few lines, not a wall of output:\n" + "\n".join(lines)
+
+
+@pytest.mark.slow
+def test_pitfall_13_times_all_cores_a_process_against_one_thread(pitfall_runs):
+    # how much slower the mistake is depends on the machine and on what else runs on it: the
+    # pitfall prints it, and this test does not judge it (no test asserts a speed)
+    lines = pitfall_runs[TIMED].result().stdout.splitlines()
+    assert lines[-1] == "as documented", lines  # its own check: the threads each run had
+    text = "\n".join(lines)
+    cores = len(os.sched_getaffinity(0))
+    assert f"OMP_NUM_THREADS={cores} (all {cores} cores) for each of 2 processes: {2 * cores} threads" in text
+    mistake = re.search(r"^symptom: (\d+\.\d) ms per training step$", text, flags=re.M)
+    fix = re.search(r"^result: +(\d+\.\d) ms per step with 1 thread each", text, flags=re.M)
+    assert mistake and fix and float(mistake[1]) > 0 and float(fix[1]) > 0, text  # both were timed

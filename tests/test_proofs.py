@@ -10,12 +10,14 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 from helpers import (
+    FAULT,
     PROOF_FLAGS,
     ROOT,
     SMALL,
     STRAIGHT,
     TORCHRUN,
     as_flags,
+    assert_fired,
     audit_env,
     baseline_run,
     copy_scripts,
@@ -28,8 +30,8 @@ from helpers import (
     run_at_once,
     selected,
 )
+from torch.distributed.constants import default_pg_timeout
 
-FAULT = ROOT / "tests" / "fault.py"
 COUNT_ALLREDUCE = ROOT / "tests" / "count_allreduce.py"
 TORCHRUN_2 = "torchrun --standalone --nproc_per_node=2"
 
@@ -58,7 +60,7 @@ def assert_same_training(a, b, epoch, tolerance):
     )
     losses_a = [r["loss"] for r in read_metrics(a)]
     losses_b = [r["loss"] for r in read_metrics(b)]
-    assert len(losses_a) == len(losses_b)
+    assert len(losses_a) == len(losses_b) == epoch, (losses_a, losses_b)  # an epoch's line each
     assert max(abs(x - y) for x, y in zip(losses_a, losses_b, strict=True)) <= tolerance
 
 
@@ -115,7 +117,6 @@ RESTARTABLE = cpu_env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
 
 @pytest.mark.slow
 def test_a_killed_worker_is_restarted_and_the_job_ends_bit_identical(work, shared_run):
-    straight = shared_run(STRAIGHT)
     # rank 1 kills itself at its 10th step, in epoch 3; torchrun restarts both workers,
     # which find model_epoch_2.pt in --out_dir by themselves (--resume auto)
     proc = run(
@@ -123,25 +124,29 @@ def test_a_killed_worker_is_restarted_and_the_job_ends_bit_identical(work, share
         cwd=work,
         env=RESTARTABLE,
     )
+    assert_fired(proc.stderr, "kill@1:10")
     assert "failed (exitcode: -9) local_rank: 1" in proc.stderr  # it was killed, and restarted
     assert [r["epoch"] for r in read_metrics(work / "killed")] == [1, 2, 3, 4]
     assert_bit_identical(
-        load_checkpoint(straight.out / "model_epoch_4.pt"), load_checkpoint(work / "killed/model_epoch_4.pt")
+        load_checkpoint(shared_run(STRAIGHT).out / "model_epoch_4.pt"),
+        load_checkpoint(work / "killed/model_epoch_4.pt"),
     )
 
 
 @pytest.mark.slow
 def test_a_crash_while_writing_a_checkpoint_leaves_the_previous_one_loadable(work, shared_run):
-    straight = shared_run(STRAIGHT)
     # rank 0 dies with model_epoch_3.pt half written: the restart resumes from epoch 2
-    run(
+    proc = run(
         f"{TORCHRUN_2} --max-restarts=1 {FAULT} cut@3 train_ddp.py {RESUMING} --out_dir cut",
         cwd=work,
         env=RESTARTABLE,
     )
+    assert_fired(proc.stderr, "cut@3")  # a run never cut ends the same
+    assert "failed (exitcode: -9) local_rank: 0" in proc.stderr  # it was killed, and restarted
     assert [r["epoch"] for r in read_metrics(work / "cut")] == [1, 2, 3, 4]
     assert_bit_identical(
-        load_checkpoint(straight.out / "model_epoch_4.pt"), load_checkpoint(work / "cut/model_epoch_4.pt")
+        load_checkpoint(shared_run(STRAIGHT).out / "model_epoch_4.pt"),
+        load_checkpoint(work / "cut/model_epoch_4.pt"),
     )
 
 
@@ -345,14 +350,29 @@ def test_more_processes_than_gpus_is_refused(work):
     assert f"use --nproc_per_node={n - 1} or fewer" in proc.stderr
 
 
+# A bound on a wait, not a speed: gloo's collectives time out after torch's default 30 minutes
+# (train_ddp.py sets none), so a job that ends inside this did not wait for that timeout.
+ENDS_WITHIN_S = 300
+assert ENDS_WITHIN_S < default_pg_timeout.total_seconds() / 5
+
+
 @pytest.mark.slow
 def test_a_worker_that_fails_mid_epoch_ends_the_whole_job(work):
-    # rank 1 raises in epoch 2, while rank 0 waits for it in an all-reduce: torchrun
-    # stops rank 0 and the job fails at once, well inside the process group's timeout
+    # rank 1 raises in epoch 2, while rank 0 waits for it in an all-reduce: rank 0's all-reduce
+    # fails as its peer's connection closes, torchrun stops it, and the job fails at once
     proc = run(
-        f"{TORCHRUN_2} {FAULT} raise@1:40 train_ddp.py --out_dir failing", cwd=work, expect=1, timeout=50
+        f"{TORCHRUN_2} {FAULT} raise@1:40 train_ddp.py --out_dir failing",
+        cwd=work,
+        expect=None,
+        timeout=ENDS_WITHIN_S,
     )
+    assert_fired(proc.stderr, "raise@1:40")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "injected fault at step 40 of rank 1" in proc.stderr
+    assert "Timed out" not in proc.stderr, "a rank waited for the process group's timeout"
+    # torchrun's report: rank 1's failure is the job's first, and rank 0 ended with it
+    root_cause = re.search(r"Root Cause \(first observed failure\):\n(?:.*\n)*? +rank +: (\d+) ", proc.stderr)
+    assert root_cause and root_cause.group(1) == "1", proc.stderr
 
 
 # Beyond the guide: gradient accumulation and exact evaluation -----------------------------
@@ -399,7 +419,9 @@ def test_val_loss_is_exact_at_any_world_size(shared_run, nproc, base_batch, data
         baseline_run(batch_size=base_batch, dataset_size=dataset_size),
         ddp_run(nproc, batch_size=base_batch // nproc, dataset_size=dataset_size),
     )
-    for b, d in zip(read_metrics(base.out), read_metrics(ddp.out), strict=True):
+    base_records, ddp_records = read_metrics(base.out), read_metrics(ddp.out)
+    assert len(base_records) == PROOF_FLAGS["epochs"], base_records  # every epoch evaluated, in both
+    for b, d in zip(base_records, ddp_records, strict=True):
         assert abs(b["val_loss"] - d["val_loss"]) <= 1e-6, (b, d)
 
 

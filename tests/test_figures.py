@@ -1,0 +1,263 @@
+"""Every figure a page states comes from a kept run, or says it is an estimate.
+
+A kept run is a benchmark's own output, written beside it with its date, machine and load
+(`benchmarks/*.kept.json`, by each benchmark's --keep), or pytest's report of a run of the suite
+(`tests/timings/`, written by --junitxml, with the machine and load conftest.py adds). A page shows
+a kept output between `<!-- kept: PATH -->` and `<!-- end kept -->`, exactly as it was printed; a
+figure in its prose is read here from the kept files, and tied to the sentence that states it. Any
+other time, rate or ratio on a page is an error, unless its paragraph calls itself an estimate."""
+
+import ast
+import importlib.util
+import inspect
+import json
+import re
+import statistics
+from argparse import Namespace
+from xml.etree import ElementTree
+
+import helpers
+from helpers import ROOT
+from test_troubleshooting import nccl_default
+from torch.distributed.constants import default_pg_timeout
+
+README, TESTS_README, BENCHMARKS_README = (
+    ROOT / "README.md",
+    ROOT / "tests/README.md",
+    ROOT / "benchmarks/README.md",
+)
+KEPT_REGION = re.compile(r"<!-- kept: (\S+) -->\n(.*?)<!-- end kept -->\n?", flags=re.S)
+# the README's sample report of check_ddp.py: test_notebook.py and test_check_ddp.py tie it to a real one
+SAMPLE_REPORT = re.compile(r"<!-- check-report -->\n```text\n.*?^```$", flags=re.S | re.M)
+# a measured figure: a time, a rate, a ratio, a share (not a size, a count or a setting)
+FIGURE = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?(?:k|x|%|[ -](?:ms|s|seconds?|minutes?|samples/s)\b)")
+
+
+def kept(path):
+    return json.loads((ROOT / path).read_text())
+
+
+def assigned(path, name):
+    """The literal value a module assigns to name, read without running it."""
+    tree = ast.parse((ROOT / path).read_text())
+    node = next(n for n in tree.body if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == name)
+    return ast.literal_eval(node.value)
+
+
+def shown(page):
+    """Each kept output the page shows: its path, and the lines shown (code fences and blank lines aside)."""
+    for path, text in KEPT_REGION.findall(page.read_text()):
+        yield path, [line for line in text.splitlines() if line.strip() and not line.startswith("```")]
+
+
+def test_every_kept_output_a_page_shows_is_what_its_benchmark_printed():
+    regions = [
+        (page, path, lines)
+        for page in (README, TESTS_README, BENCHMARKS_README)
+        for path, lines in shown(page)
+    ]
+    assert regions, "no page shows a kept output"
+    for page, path, lines in regions:
+        record = kept(path)
+        assert {"date", "command", "machine", "load_average", "printed", "environment"} <= record.keys(), path
+        printed = [
+            f"$ {record['command']}",
+            *(line for line in record["printed"].splitlines() if line.strip()),
+        ]
+        assert lines == printed, f"{page.relative_to(ROOT)} shows {path} otherwise than it was printed"
+    on_pages = {path for _, path, _ in regions}
+    files = {str(p.relative_to(ROOT)) for p in (ROOT / "benchmarks").glob("*.kept.json")}
+    assert files == on_pages, f"kept outputs no page shows: {files - on_pages}"
+
+
+# The suite's own times ----------------------------------------------------------------------------------
+
+
+def suite_runs(tier):
+    """The kept reports of one tier (tests/timings/quick or full): one per test file, run alone."""
+    runs = {}
+    for report in sorted((ROOT / "tests/timings" / tier).glob("*.xml")):
+        suite = ElementTree.parse(report).getroot().find("testsuite")
+        properties = {p.get("name"): p.get("value") for p in suite.iter("property")}
+        cases = {case.get("name"): float(case.get("time")) for case in suite.iter("testcase")}
+        skips = [skip.get("message") for skip in suite.iter("skipped")]
+        runs[report.stem] = {**suite.attrib, **properties, "cases": cases, "skips": skips}
+    return runs
+
+
+def totals(runs):
+    """The runs summed: seconds, tests, skipped; the days; the lowest and highest load."""
+    # conftest.py adds the load and machine as the first test sets up: a file whose every test is
+    # skipped (test_gpu.py, without a GPU) says neither
+    keys = ("load_average_start", "load_average_end")
+    loads = [float(run[key]) for run in runs.values() for key in keys if key in run]
+    return {
+        "seconds": sum(float(run["time"]) for run in runs.values()),
+        "tests": sum(int(run["tests"]) for run in runs.values()),
+        "skipped": sum(int(run["skipped"]) for run in runs.values()),
+        "days": sorted({run["timestamp"][:10] for run in runs.values()}),
+        "load": (min(loads), max(loads)),
+        "machines": {run["machine"] for run in runs.values() if "machine" in run},
+    }
+
+
+def test_the_kept_runs_of_the_suite_passed_skipped_only_gpu_tests_and_the_quick_tier_covers_every_file():
+    quick, full = suite_runs("quick"), suite_runs("full")
+    files = {p.stem for p in (ROOT / "tests").glob("test_*.py")}
+    assert set(quick) == files, f"test files without a kept quick run: {files - set(quick)}"
+    assert set(full) <= files and full, full.keys()
+    for tier, runs in (("quick", quick), ("full", full)):
+        for name, run in runs.items():
+            assert run["failures"] == run["errors"] == "0", (
+                f"tests/timings/{tier}/{name}.xml: a run that failed"
+            )
+            # tests/README.md: nothing skips but the GPU set, where there is no GPU
+            assert all("GPU" in skip for skip in run["skips"]), f"{tier}/{name}.xml skipped: {run['skips']}"
+
+
+def suite_figures():
+    """The figures the pages give of the suite's times, as each sentence gives them."""
+    quick, full = totals(suite_runs("quick")), suite_runs("full")
+    done = totals(full)
+    notebook = suite_runs("full")["test_notebook"]["cases"]
+    walkthrough = next(
+        t for name, t in notebook.items() if name.startswith("test_the_notebook_runs_top_to_bottom")
+    )
+    low, high = quick["load"]
+    meta_test = sum(t for name, t in full["test_faults"]["cases"].items() if "never_fired" in name)
+    not_kept = sorted(p.stem + ".py" for p in (ROOT / "tests").glob("test_*.py") if p.stem not in full)
+    return {
+        README: [f"a quick tier of {quick['seconds']:.0f} s"],
+        TESTS_README: [
+            f"{quick['seconds']:.0f} s for {quick['tests']} tests",
+            f"on {', '.join(quick['days'])}, load average {low:.1f} to {high:.1f}",
+            f"the other files' full runs, each alone, sum to {done['seconds']:.0f} s",
+            "not kept: " + ", ".join(f"`{name}`" for name in not_kept),
+            f"the notebook {walkthrough / 60:.0f} minutes",
+            f"the faults' meta-test ({meta_test:.0f} s here)",
+        ],
+    }
+
+
+# Every figure, traced ----------------------------------------------------------------------------------
+
+
+def traced():
+    """Each page's figures, each in the words that state it, computed from the kept runs and the code."""
+    cost = kept("benchmarks/check_cost.kept.json")["median_s"]
+    figures = suite_figures()
+    figures[README] += [
+        f"about one run ({cost['check']:.1f} s against {cost['run']:.1f} s",
+        f"after {nccl_default().total_seconds() / 60:.0f} minutes",  # the Troubleshooting rows: torch's
+        f"after {default_pg_timeout.total_seconds() / 60:.0f} minutes",  # defaults (test_troubleshooting.py)
+    ]
+    run_limit = inspect.signature(helpers.run).parameters["timeout"].default
+    figures[TESTS_README] += [
+        f"{run_limit} s unless a test says otherwise",
+        f"within {assigned('tests/test_proofs.py', 'ENDS_WITHIN_S')} s",
+        f"gloo's {default_pg_timeout.total_seconds() / 60:.0f}-minute timeout",
+        f"with a {assigned('tests/test_troubleshooting.py', 'SECONDS')} s timeout",
+    ]
+    figures[BENCHMARKS_README] = benchmark_figures()
+    return figures
+
+
+def benchmark_figures():
+    """benchmarks/README.md's figures, from its kept runs and its code."""
+    figures = []
+    # the wide model's gradients: the twins' model, at the wide regime's width
+    regimes = assigned("benchmarks/benchmark.py", "REGIMES")
+    width = int(regimes["wide"][regimes["wide"].index("--hidden_size") + 1])
+    spec = importlib.util.spec_from_file_location("baseline", ROOT / "single_gpu_baseline.py")
+    baseline = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(baseline)
+    sizes = [
+        p.numel() * p.element_size() / 2**20
+        for p in baseline.make_model(Namespace(hidden_size=width)).parameters()
+    ]
+    figures.append(f"are {sum(sizes):.2f} MiB, {max(sizes):g} MiB of them the middle layer's weights")
+    # fetching batches whole, against item by item: the median ratio within a round
+    ratios = [
+        statistics.median(kept(f"benchmarks/{name}.kept.json")["whole_over_items"])
+        for name in ("batch_fetch", "batch_fetch_1024")
+    ]
+    figures.append(
+        f"loading is about {ratios[0]:.0f}x faster whole; at the wide regime's batch of 1024, "
+        f"about {ratios[1]:.0f}x"
+    )
+    # the benchmark's kept run, and what the page says it shows
+    run = kept("benchmarks/benchmark.kept.json")
+    load, derived = run["load_average"], {name: d["median"] for name, d in run["derived"].items()}
+    speed = {name: m["median"] for name, m in run["measured"].items()}
+    batch = {regime: int(flags[flags.index("--batch_size") + 1]) for regime, flags in regimes.items()}
+    step_ms = {name: 1000 * batch["small"] / speed[f"small {name}"] for name in ("N=1", "baseline")}
+    share = {model: derived[f"{model}_allreduce_share_n2"] for model in ("small", "wide")}
+    accumulating = run["derived"]["small_accum_k4_speedup_n2"]
+    figures += [
+        f"load average {load['start']:.1f} at the start, {load['end']:.1f} at the end, "
+        f"on its {load['cores']} cores",
+        f"about {ratios[0]:.0f}x faster at the scripts' defaults",
+        f"Here it is {step_ms['N=1'] - step_ms['baseline']:.2f} ms a step ({step_ms['N=1']:.2f} against "
+        f"{step_ms['baseline']:.2f} ms, the medians of N=1 and the baseline)",
+        f"at {derived['ddp_overhead_small']:.2f} of the baseline; the wide model's longer step hides more "
+        f"of it ({derived['ddp_overhead_wide']:.2f})",
+        f"gains {speed['wide N=2'] / speed['wide N=1']:.1f}x from the second core (efficiency "
+        f"{derived['wide_efficiency_n2']:.2f}); the all-reduce takes {share['wide']:.0%} of its step",
+        f"({speed['small N=2'] / 1000:.0f}k against {speed['small N=1'] / 1000:.0f}k samples/s at N=1, "
+        f"efficiency {derived['small_efficiency_n2']:.2f})",
+        f"the all-reduce takes {share['small']:.0%} of its step, and without it the efficiency would be "
+        f"{derived['small_efficiency_n2_no_allreduce']:.2f}",
+        f"made the small model {accumulating['median']:.1f}x faster at N=2 here, from "
+        f"{accumulating['min']:.2f} to {accumulating['max']:.2f} across rounds",
+        f"is {derived['first_result_gap_s']:.1f} s above the floor",
+    ]
+    # and what it says without a number: the claims the figures must bear out
+    assert step_ms["N=1"] > step_ms["baseline"], "DDP costs a fixed time per step"
+    assert derived["ddp_overhead_wide"] > derived["ddp_overhead_small"], "the wide model hides more of it"
+    assert speed["wide N=2"] > speed["wide N=1"] and speed["small N=2"] < speed["small N=1"], speed
+    assert share["small"] > share["wide"], "the small model is the communication-bound one"
+    spread = max(m["max"] / m["min"] for m in run["measured"].values())
+    assert spread >= 2, "the page says the rounds disagree, some by factors of two and more"
+    # what the bucket size changes: buckets a step; the share of the all-reduce hidden under backward,
+    # the median on each rank, in the order the page says (more buckets, more hidden); throughput
+    # that no bucket size changes measurably (each median within the others' ranges)
+    buckets = kept("benchmarks/buckets.kept.json")
+
+    def per_rank(cap, key):
+        return [statistics.median(one[cap][key][rank] for one in buckets["rounds"]) for rank in (0, 1)]
+
+    count = {cap: f"{per_rank(cap, 'buckets')[0]:g}" for cap in buckets["caps"]}
+    figures.append(
+        f"{count['torch']} with torch's default, {count['25']} with 25, {count['0.001']} with 0.001"
+    )
+    hidden = {cap: per_rank(cap, "hidden") for cap in buckets["caps"]}
+    figures += [
+        f"backward is done: {hidden['25'][0]:.0%} and {hidden['25'][1]:.0%} of its time",
+        f"hide more, {hidden['torch'][0]:.0%} and {hidden['torch'][1]:.0%}",
+        f"hide the most, {hidden['0.001'][0]:.0%} and {hidden['0.001'][1]:.0%}",
+    ]
+    assert all(hidden["0.001"][r] > hidden["torch"][r] > hidden["25"][r] for r in (0, 1)), hidden
+    speeds = {cap: [one[cap]["samples_per_sec"] for one in buckets["rounds"]] for cap in buckets["caps"]}
+    for values in speeds.values():  # "Each median lies within the others' ranges"
+        assert all(min(other) <= statistics.median(values) <= max(other) for other in speeds.values()), speeds
+    # gpu_checks.sh's stages, each under its limit
+    limits = re.findall(r"\b\w+_limit=(\d+)", (ROOT / "benchmarks/gpu_checks.sh").read_text())
+    figures.append(f"they add up to {sum(map(int, limits)) / 60:.1f} minutes")
+    return figures
+
+
+def test_every_figure_a_page_states_is_read_from_a_kept_run_or_called_an_estimate():
+    for page, figures in traced().items():
+        text = SAMPLE_REPORT.sub("", KEPT_REGION.sub("", page.read_text()))
+        missing = []
+        for figure in figures:  # as the page says it, wherever its lines break
+            text, found = re.subn(r"\s+".join(map(re.escape, figure.split())), "", text)
+            missing += [] if found else [figure]
+        assert not missing, f"{page.relative_to(ROOT)} no longer says (or says otherwise): {missing}"
+        # a paragraph, a list's item or a table's row that calls itself an estimate may give figures
+        # no run kept
+        units = [unit for p in re.split(r"\n\s*\n", text) for unit in re.split(r"\n(?=\||- )", p)]
+        untraced = [m.group(0) for u in units if "estimate" not in u.lower() for m in FIGURE.finditer(u)]
+        assert not untraced, (
+            f"{page.relative_to(ROOT)}: figures no run kept, and not called estimates: {untraced}"
+        )
