@@ -236,6 +236,7 @@ class Job:
         self.sources = {}  # a file the records cite (as they cite it): its text
         self.then = None  # the subfolder of the same job run again with what stopped it set aside
         self.aside = []  # what this run set aside ("launch", "layout"): see set_aside()
+        self.judge_errors = []  # rules of check_ddp's own that failed on this job (own_errors)
 
     def records(self, kind, rank=None):
         ranks = self.ranks.items() if rank is None else [(rank, self.ranks.get(rank, []))]
@@ -2444,7 +2445,7 @@ ORDER = {
     7: ("DDP701", "DDP702"),
     8: ("DDP801", "DDP805", "DDP807", "DDP808", "DDP806", "DDP804"),
     9: ("DDP901", "DDP902"),
-    10: ("DDP1007", "DDP1001", "DDP1002", "DDP1005", "DDP1006", "DDP1003", "DDP1004"),
+    10: ("DDP1007", "DDP1001", "DDP1002", "DDP1008", "DDP1005", "DDP1006", "DDP1003", "DDP1004"),
 }
 # What no step's line accounts for, tried once every step has its line, in this order: a crash (its
 # line at the step the rank was in), then a job the check had to stop (never a pass).
@@ -2517,6 +2518,7 @@ def judge(job):
     run that found it, and every other step from the last run."""
     chain = runs(job)
     judged = [judge_one(run) for run in chain]
+    job.judge_errors += [e for run in chain[1:] for e in run.judge_errors]
     kept = {}
     for lines in judged[:-1]:
         for line in lines:
@@ -2544,7 +2546,7 @@ def judge_one(job):
             facts.lines.append(line)
             facts.explained |= line.explains
     for code in AT_THE_END:  # each puts its line at the step it names, in place of that step's
-        found = RULES[code].check(facts)
+        found = tried(facts, code)
         if found is not None:
             line = finding(RULES[code], found, step=found.step)
             facts.lines = [old for old in facts.lines if old.step != line.step] + [line]
@@ -2553,11 +2555,21 @@ def judge_one(job):
 
 def judge_step(facts, step):
     for code in ORDER[step]:
-        found = RULES[code].check(facts)
+        found = tried(facts, code)
         if found is not None:
             return finding(RULES[code], found)
     said = SUMMARIES[step](facts)
     return Line(step, *said) if said else None
+
+
+def tried(facts, code):
+    """A rule's finding; a rule that fails is check_ddp's own error, said as such (never the script's),
+    and finds nothing."""
+    try:
+        return RULES[code].check(facts)
+    except Exception as error:  # noqa: BLE001
+        facts.job.judge_errors.append(f"{code}: {type(error).__name__}: {error}")
+        return None
 
 
 def finding(rule, found, step=None):
@@ -2865,7 +2877,8 @@ class Facts:
             if steps
             else set()
         )
-        return bool(steps) and len(before) >= 0.9 * len(steps) and self.weights_differ == ""
+        ddp = self.job.records("ddp")
+        return bool(steps) and not ddp and len(before) >= 0.9 * len(steps) and self.weights_differ == ""
 
     @functools.cached_property
     def saved_files(self):
@@ -3166,11 +3179,10 @@ class Facts:
         found = set()
         for path in self.job.sources:
             for node in ast.walk(self.tree(path)) if self.tree(path) else ():
-                idle = all(
+                if isinstance(node, ast.With) and all(
                     isinstance(b, ast.Pass) or isinstance(getattr(b, "value", None), ast.Constant)
-                    for b in getattr(node, "body", [None])
-                )
-                if isinstance(node, ast.With) and idle:
+                    for b in node.body
+                ):
                     found |= {f"{path}:{n}" for n in range(node.lineno, node.body[0].lineno)}
         return found
 
@@ -3352,6 +3364,7 @@ def own_errors(job):
         for r, e in job.records("crash")
         if e["raised"] == "checker"
     ]
+    found += [f"check_ddp.py's own error in its rule {text}" for text in job.judge_errors]
     return list(dict.fromkeys(found))
 
 
@@ -4320,7 +4333,7 @@ def host_sync_every_step(f):
             items[at] = items.get(at, 0) + 1
     every_step += [f".item() at {f.code(at)}" for at, count in items.items() if count >= 0.9 * n]
     if every_step:
-        return Found(f"a host sync at every one of {n} steps, for logging: {'; '.join(every_step)}")
+        return Found(f"a host sync at every one of {n} optimizer steps, for logging: {'; '.join(every_step)}")
     return None
 
 
@@ -5008,6 +5021,31 @@ def evaluated_alone(f):
         return Found(
             f"rank {alone[0]} alone evaluated ({through_ddp[alone[0]]} forwards without gradients, none on "
             "the other ranks): its held-out number is an estimate from its own batches, not the held-out set"
+        )
+    return None
+
+
+@rule(
+    "DDP1008",
+    "FAIL",
+    help="give each rank its own part of the held-out data, chosen by its global rank (dist.get_rank(), not "
+    "LOCAL_RANK), or seed each rank's generator by it; then all-reduce (sum, count)",
+)
+def evaluated_alike_then_combined(f):
+    """Every rank evaluated the very same batches, and the ranks then combined what they had.
+
+    A collective after an evaluation (all_reduce, all_gather) combines the ranks' parts. Here the
+    parts are one and the same: each sample is counted N times, and whatever the other ranks were
+    meant to evaluate never was. Ranks on different nodes choose alike when the choice comes from
+    LOCAL_RANK (the same on every node), or from a generator seeded alike. Choose by the global
+    rank.
+    """
+    by_hand = f.evaluated_by_hand
+    if by_hand and by_hand[1] and f.evaluated_alike:
+        return Found(
+            f"every rank evaluated the very same batches (from {f.code(by_hand[0])}), and the ranks then "
+            "combined them: each counted as many times as there are ranks, and the parts meant for the "
+            "others never evaluated"
         )
     return None
 

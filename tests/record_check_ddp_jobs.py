@@ -28,13 +28,13 @@ def record(case):
     folder, kept = job_folder(report), JOBS / case.stem
     shutil.rmtree(kept, ignore_errors=True)
     kept.mkdir(parents=True)
-    for pattern in KEPT:
-        for path in [
-            *folder.glob(pattern),
-            *folder.glob(f"one_node/{pattern}"),
-        ]:  # a job checked again as one node
-            (kept / path.relative_to(folder)).parent.mkdir(exist_ok=True)
-            shutil.copy(path, kept / path.relative_to(folder))
+    run = Path()
+    while (folder / run / "job.json").is_file():  # the job, and each run of it again (then/, then/then/)
+        (kept / run).mkdir(parents=True, exist_ok=True)
+        for pattern in KEPT:
+            for path in (folder / run).glob(pattern):
+                shutil.copy(path, kept / run / path.name)
+        run = run / "then"
     shutil.rmtree(folder)
     tool = load_tool()
     job = tool.Job.load(kept)
