@@ -1,6 +1,7 @@
 """Every pitfall in pitfalls/ runs alone, as its docstring says, and behaves as it documents."""
 
 import ast
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -11,6 +12,16 @@ PITFALLS = sorted(p.name for p in (ROOT / "pitfalls").glob("*.py") if not p.name
 
 def test_every_classic_mistake_has_its_pitfall():
     assert len(PITFALLS) >= 16, PITFALLS
+
+
+def test_each_pitfall_is_named_by_the_ddp_step_it_belongs_to():
+    # stepN_what.py, never a number of its own that reads as another step's
+    steps = range(1, 11)  # the ten DDP steps of the README
+    for name in PITFALLS:
+        match = re.fullmatch(r"step(\d+)_[a-z0-9_]+\.py", name)
+        assert match and int(match.group(1)) in steps, f"{name}: name it stepN_what.py, N its DDP step"
+        first = ast.get_docstring(ast.parse((ROOT / "pitfalls" / name).read_text())).splitlines()[0]
+        assert first.startswith(f"A pitfall of DDP step {match.group(1)}: "), f"{name}: {first}"
 
 
 def run_pitfall(name):
@@ -31,7 +42,7 @@ def pitfall_runs(request):
 
 
 # the quick tier (not slow) runs the one pitfall that starts no torchrun job
-QUICK = "12_unsafe_torch_load.py"
+QUICK = "step6_unsafe_torch_load.py"
 
 
 @pytest.mark.parametrize(
