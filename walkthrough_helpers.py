@@ -522,13 +522,13 @@ def draw_timelines(runs, title, steps=2):
                             (s + e) / 2 - t0, y, text, ha="center", va="center", color="white", fontsize=8
                         )
         for (s, e), number in list(zip(traces[0]["steps"], traces[0]["numbers"], strict=True))[:steps]:
-            ax.axvline(s - t0, color="0.3", lw=0.8, ls=":")  # where rank 0's steps begin
-            name = f"step {number}" if e - s > widest / 25 else str(number)
+            ax.axvline(s - t0, color="0.3", lw=0.8, ls=":")  # where rank 0's batches begin
+            name = f"batch {number}" if e - s > widest / 25 else str(number)
             ax.text(s - t0, 0.55, f" {name}", va="bottom", fontsize=8, color="0.3")
         ax.set_yticks(range(0, -len(labels), -1), labels)
         ax.set(xlim=(0, widest * 1.01), ylim=(-len(labels) + 0.4, 1.3))
         ax.set_title(panel, loc="left", fontsize=10)
-    axes[-1].set_xlabel("ms since the first of these steps began, on any rank")
+    axes[-1].set_xlabel("ms since the first of these batches began, on any rank")
     shown = [what for what in COLOURS if what in drawn]
     handles = [plt.Rectangle((0, 0), 1, 1, color=COLOURS[what]) for what in shown]
     inch = 1 / fig.get_figheight()  # the title, then the legend, above the panels

@@ -175,7 +175,7 @@ STEP_VIEWS = {
     5: (["totals = torch.stack", "dist.all_reduce(totals)", "dist.get_world_size()"], ["val_totals"]),
     6: (["dist.broadcast_object_list(choice)", "if dist.get_rank() == 0:", "model.module, optimizer"], []),
     7: (["def cleanup():", "dist.destroy_process_group()", "cleanup()  # DDP step 7"], []),
-    8: (["torchrun --standalone --nproc_per_node=2 train_ddp.py", "check_launch(args)"], []),
+    8: (["torchrun --standalone --nproc_per_node=2 train_ddp.py --batch_size 32"], ["check_launch"]),
     9: (["last = ", "model.no_sync()", ".backward()"], ["optimizer.step()"]),
     10: (
         ["range(dist.get_rank(), len(val_set)", "val_totals = torch.stack", "dist.all_reduce(val_totals)"],

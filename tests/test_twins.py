@@ -1,6 +1,9 @@
 """The twin scripts run as the README says, train, and write what other tools read."""
 
+import difflib
+import io
 import sys
+import tokenize
 
 import pytest
 import torch
@@ -88,10 +91,54 @@ def test_resume_auto_without_out_dir_continues_the_latest_run(tmp_path):
 
 
 def test_python_without_torchrun_is_a_one_process_job(tmp_path):
-    env = {k: v for k, v in cpu_env().items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    # its group of one meets at a file that mkstemp makes (never mktemp's name, which another process
+    # can take first), in the temporary folder, and that file is gone once the group is
+    (tmp_path / "tmp").mkdir()
+    env = {
+        k: v
+        for k, v in cpu_env(TMPDIR=str(tmp_path / "tmp")).items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+    }
     proc = run("python train_ddp.py", cwd=copy_scripts(tmp_path), env=env)
     assert proc.stdout.splitlines()[0].startswith("train_ddp.py: not started by torchrun")
     check_metrics(tmp_path / "out/train_ddp/run_1", epochs=5, world_size=1, samples=2048)
+    left = list((tmp_path / "tmp").glob("train_ddp-group-*"))  # torch keeps caches of its own there
+    assert left == [], "the one-process group left its file behind"
+    assert "mktemp(" not in (ROOT / "train_ddp.py").read_text()
+
+
+def code_lines(path):
+    """A script's lines of code: its comments, docstrings and blank lines left out."""
+    source = path.read_text()
+    drop, cut, previous = set(), {}, None
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            cut[token.start[0]] = token.start[1]
+            continue
+        statement_start = previous is None or previous.type in (
+            tokenize.NEWLINE,
+            tokenize.INDENT,
+            tokenize.DEDENT,
+        )
+        if token.type == tokenize.STRING and statement_start:  # a docstring, or a string alone
+            drop.update(range(token.start[0], token.end[0] + 1))
+        if token.type not in (tokenize.NL, tokenize.INDENT, tokenize.DEDENT):
+            previous = token
+    lines = (
+        line[: cut.get(n, len(line))].rstrip()
+        for n, line in enumerate(source.splitlines(), 1)
+        if n not in drop
+    )
+    return [line for line in lines if line.strip()]
+
+
+def test_the_twin_diff_adds_at_most_45_lines_of_code():
+    # the conversion, and what every conversion does not need kept out of its way (tagged optional,
+    # or in the plumbing both scripts share): a diff a learner reads in one sitting
+    baseline, ddp = (code_lines(ROOT / script) for script in SCRIPTS)
+    added = [line for line in difflib.unified_diff(baseline, ddp, lineterm="", n=0) if line[:1] == "+"]
+    added = [line for line in added if not line.startswith("+++")]
+    assert 30 < len(added) <= 45, "\n".join(added)
 
 
 def test_only_rank_0_writes_files_or_prints(shared_run):
