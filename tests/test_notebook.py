@@ -85,7 +85,9 @@ def test_the_notebook_is_committed_without_outputs():
 def test_the_notebook_headings_are_the_steps_of_the_readme():
     markdown = "\n".join(cell.source for cell in read_notebook().cells if cell.cell_type == "markdown")
     headings = re.findall(r"^## Step (\d+): (.+)$", markdown, flags=re.M)
-    readme = re.findall(r"^\| (\d+) \| ([^|]+?) \|", (ROOT / "README.md").read_text(), flags=re.M)
+    readme = re.findall(
+        r"^- \*\*DDP step (\d+): ([^*]+?)\.\*\*", (ROOT / "README.md").read_text(), flags=re.M
+    )
     assert headings == readme
 
 
