@@ -93,8 +93,8 @@ def process_counts():
 
 def rounds():
     """How many interleaved rounds the scaling measurement runs: WALKTHROUGH_ROUNDS if set (1: a quick
-    pass, as the tests make), else 3."""
-    return int(os.environ.get("WALKTHROUGH_ROUNDS", 3))
+    pass, as the tests make), else 2, which keeps the notebook's run within its three minutes."""
+    return int(os.environ.get("WALKTHROUGH_ROUNDS", 2))
 
 
 def hardware():
@@ -222,7 +222,7 @@ def largest_gap(a, b, key):
 def plot_losses(baseline, runs, keys, title):
     """Per-epoch loss (keys: "loss", "val_loss") of baseline, (label, out_dir), as a wide grey line, and of
     runs, {label: out_dir}, each dashed on top of it."""
-    names = {"loss": "training loss", "val_loss": "held-out loss (step 10)"}
+    names = {"loss": "training loss", "val_loss": "held-out loss (DDP step 10)"}
     epochs = [r["epoch"] for r in metrics(baseline[1])]
     fig, axes = plt.subplots(1, len(keys), figsize=(5.5 * len(keys), 4), sharey=True, squeeze=False)
     for ax, key in zip(axes[0], keys, strict=True):
@@ -390,7 +390,7 @@ def read_trace(path):
         # finishWorkGloo: the future first, then the profiler's record), so on a busy CPU its end can
         # come later than that: it is cut there
         done = max(e["ts"] for e in copies) / 1e3 if copies else math.inf
-        if named("Optimizer.step"):  # not after a micro-batch that only accumulates (step 9)
+        if named("Optimizer.step"):  # not after a micro-batch that only accumulates (DDP step 9)
             phases.append(("optimizer step", *span(named("Optimizer.step", "Optimizer.zero_grad"))))
         buckets = itertools.count()
         for e in sorted(inside, key=lambda e: e["ts"]):

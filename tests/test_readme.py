@@ -240,6 +240,24 @@ def test_the_readme_is_a_short_path_with_the_rest_one_link_away():
     assert all(f"]({page})" in README for page in linked), "a page moved out of the README is not linked"
 
 
+def test_the_pages_number_nothing_but_the_ddp_steps():
+    # "DDP step 3" is a step of the conversion; an optimizer step is never numbered, nor is anything
+    # else (a pitfall, a batch the profiler records) called a step with a number
+    texts = {page.relative_to(ROOT): page.read_text() for page in PAGES}
+    notebook = json.loads((ROOT / "walkthrough.ipynb").read_text())
+    texts["walkthrough.ipynb"] = "\n".join(
+        "".join(cell["source"]) for cell in notebook["cells"] if cell["cell_type"] == "markdown"
+    )
+    numbered = [
+        f"{page}: {match.group()!r}"
+        for page, text in texts.items()
+        for match in re.finditer(
+            r"(?<!DDP )\b[Ss]teps? \d+", re.sub(r"^```.*?^```$", "", text, flags=re.S | re.M)
+        )
+    ]
+    assert not numbered, numbered
+
+
 # What the README's conversion leaves out (its data, model, batch size, epochs, and the unchanged
 # forward, backward and optimizer step), made concrete, so that its new side runs as a script
 PRELUDE = """import torch
