@@ -7,12 +7,13 @@ DDP step 8: launch with torchrun. It starts one copy of this script per process
     torchrun --standalone --nproc_per_node=2 train_ddp.py --epochs 10 --batch_size 32
     python train_ddp.py        # without torchrun: a one-process job
 
-Several nodes: see docs/multi-node.md. The same command runs on GPUs (nccl) and on
-CPUs (gloo). Read it next to its single-process twin, single_gpu_baseline.py:
-`diff -u single_gpu_baseline.py train_ddp.py` shows the conversion, each hunk (a block of
-changed lines) naming its DDP step; what not every conversion needs says "optional".
-The guide's skeleton comes first (setup, cleanup, train); the plumbing both scripts
-share (the command line, the --out_dir rule, safe checkpoints) comes after it.
+Several nodes: see docs/multi-node.md. The same command runs on CPUs (gloo), and is
+written for GPUs (nccl), though no GPU has run it yet. Read it next to its single-process
+twin, single_gpu_baseline.py: `diff -u single_gpu_baseline.py train_ddp.py` shows the
+conversion, each hunk (a block of changed lines) naming its DDP step; what not every
+conversion needs says "optional". The guide's skeleton comes first (setup, cleanup,
+train); the plumbing both scripts share (the command line, the --out_dir rule, safe
+checkpoints, the launch's checks) comes after it.
 """
 
 import argparse
