@@ -4,9 +4,10 @@
     python single_gpu_baseline.py --epochs 10 --batch_size 64
 
 It runs on a GPU if there is one, else on the CPU (see --device). Read it next to its
-DDP twin, train_ddp.py: `diff -u single_gpu_baseline.py train_ddp.py` shows only the
-DDP steps, each named. The guide's skeleton comes first (setup, train); the plumbing
-both scripts share (the command line, the --out_dir rule, safe checkpoints) comes after it.
+DDP twin, train_ddp.py: `diff -u single_gpu_baseline.py train_ddp.py` shows the conversion,
+each hunk (a block of changed lines) naming its DDP step. The guide's skeleton comes first
+(setup, train); the plumbing both scripts share (the command line, the --out_dir rule, safe
+checkpoints, the launch's checks) comes after it.
 """
 
 import argparse
@@ -67,11 +68,11 @@ def train(args):
         sampler_gen.manual_seed(args.seed + epoch)  # a new shuffle each epoch, reproducible
         model.train()
         epoch_start = time.perf_counter()
-        # the loss is summed on the device as (loss x samples): no .item() per step,
-        # which would stall a GPU every step, and the mean stays exact for a short last batch
+        # the loss is summed on the device as (loss x samples): no .item() per batch,
+        # which would stall a GPU at each, and the mean stays exact for a short last batch
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         samples = 0
-        # --profile: a few steps of the run's second epoch are recorded (profiled(), below)
+        # --profile: a few batches of the run's second epoch are recorded (profiled(), below)
         for step, (xb, yb) in enumerate(profiled(loader, args, record=epoch == start_epoch + 1)):
             xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
             # --grad_accum_steps K: K micro-batches make one optimizer step, each loss
@@ -192,7 +193,7 @@ def parse_args():
         description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
     parser.add_argument("--epochs", type=positive_int, default=5, help="passes over the data")
-    parser.add_argument("--batch_size", type=positive_int, default=64, help="samples per step, per process")
+    parser.add_argument("--batch_size", type=positive_int, default=64, help="samples per batch, per process")
     parser.add_argument("--lr", type=positive_float, default=0.02, help="learning rate (SGD, momentum 0.9)")
     parser.add_argument("--dataset_size", type=positive_int, default=2048, help="training samples")
     parser.add_argument(
@@ -241,7 +242,7 @@ def parse_args():
     parser.add_argument(
         "--profile",
         action="store_true",
-        help="record a few steps of the run's second epoch with torch.profiler: a trace per process in "
+        help="record a few batches of the run's second epoch with torch.profiler: a trace per process in "
         "--out_dir, which ui.perfetto.dev opens (the training is the same; that epoch's time is not)",
     )
     args = parser.parse_args()
@@ -258,6 +259,17 @@ def parse_args():
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     return args
+
+
+def check_launch(args):
+    """What torchrun set for this process, checked before it waits on any other: RANK, LOCAL_RANK
+    and WORLD_SIZE all (torchrun) or none (plain python), and no more processes on a node than
+    GPUs. The baseline, one process under plain python, always passes."""
+    missing = [name for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE") if name not in os.environ]
+    if 0 < len(missing) < 3:  # some set by hand, or by another launcher; none: plain python
+        raise Refused(f"{' and '.join(missing)} not set: launch with torchrun, which sets them all")
+    if args.device == "cuda" and int(os.getenv("LOCAL_WORLD_SIZE", 1)) > torch.cuda.device_count():
+        raise Refused(f"use --nproc_per_node={torch.cuda.device_count()} or fewer: one process per GPU")
 
 
 def check_out_dir(args):
@@ -325,8 +337,8 @@ def check_epoch(args, batches):
         )
     if args.profile and RECORDED[-1] > batches:
         raise Refused(
-            f"--profile records steps {RECORDED[0]} to {RECORDED[-1]} of an epoch, which has {batches} here: "
-            "pass a smaller --batch_size or a larger --dataset_size"
+            f"--profile records batches {RECORDED[0]} to {RECORDED[-1]} of an epoch, which has {batches} "
+            "here: pass a smaller --batch_size or a larger --dataset_size"
         )
 
 
@@ -438,11 +450,11 @@ def check_finite(record):
         )
 
 
-def refuse(refusal, at_once=True):
+def refuse(refusal):
     """Print a refusal as one line and exit with argparse's code for usage errors. Under torchrun every
-    process refuses alike and one speaks at once; the others give torchrun a few seconds to stop them,
-    and speak only if it does not (a refusal that is theirs alone)."""
-    if not at_once:
+    process refuses alike and local rank 0 speaks at once; the others give torchrun a few seconds to
+    stop them, and speak only if it does not (a refusal that is theirs alone)."""
+    if os.getenv("LOCAL_RANK", "0") != "0":
         time.sleep(5)
     print(f"{Path(__file__).name}: error: {refusal}", file=sys.stderr, flush=True)
     sys.stdout.flush()
@@ -460,17 +472,18 @@ def report(record, metrics, epochs, elapsed):
     metrics.flush()
 
 
-# the steps of an epoch that --profile records, counted from 1: the first is skipped, the profiler
+# the batches of an epoch that --profile records, counted from 1: the first is skipped, the profiler
 # warms up on the second
 RECORDED = range(3, 7)
 
 
 def profiled(loader, args, record):
     """The batches of loader, as they come. With --profile, and record, torch.profiler records a
-    few of its steps (RECORDED: a step is a batch fetched, forward, backward and, when it is the
-    last micro-batch, the optimizer step), and each process writes its trace to --out_dir as
-    trace_rank<RANK>.json, in the format ui.perfetto.dev and chrome://tracing open. Each process
-    records its own: gloo's all-reduces show on gloo's threads, nccl's on a CUDA stream of their own."""
+    few of them (RECORDED: each from its fetch through forward, backward and, on the last
+    micro-batch of an optimizer step, that step), and each process writes its trace to --out_dir
+    as trace_rank<RANK>.json, in the format ui.perfetto.dev and chrome://tracing open. Each process
+    records its own: gloo's all-reduces show on gloo's threads, nccl's on a CUDA stream of their
+    own (a stream: a queue of GPU work, run in order, beside the compute's)."""
     if not (args.profile and record):
         yield from loader
         return
@@ -482,7 +495,7 @@ def profiled(loader, args, record):
         if rank == 0:
             where = Path(args.out_dir) / "trace_rank*.json"
             print(
-                f"{Path(__file__).name}: --profile: steps {RECORDED[0]} to {RECORDED[-1]} of this epoch, a "
+                f"{Path(__file__).name}: --profile: batches {RECORDED[0]} to {RECORDED[-1]} of this epoch, a "
                 f"trace per process: {where} (open one in ui.perfetto.dev)",
                 flush=True,
             )
@@ -494,12 +507,13 @@ def profiled(loader, args, record):
     with torch.profiler.profile(activities=activities, schedule=schedule, on_trace_ready=write) as profiler:
         for batch in loader:
             yield batch
-            profiler.step()  # the step ends: the next begins with fetching its batch
+            profiler.step()  # the profiler's step is our batch: the next begins with its fetch
 
 
 if __name__ == "__main__":
     try:
         args = parse_args()
+        check_launch(args)  # before any process waits on another
         check_out_dir(args)
         train(args)
         # torch 2.13 imports parts of itself lazily, and some of them keep the frames that imported

@@ -3,15 +3,17 @@
 DDP step 8: launch with torchrun. It starts one copy of this script per process
 (one per GPU, or several on a CPU) and tells each copy who it is.
 
-    torchrun --standalone --nproc_per_node=2 train_ddp.py
+    torchrun --standalone --nproc_per_node=2 train_ddp.py --batch_size 32   # the baseline's twin
     torchrun --standalone --nproc_per_node=2 train_ddp.py --epochs 10 --batch_size 32
     python train_ddp.py        # without torchrun: a one-process job
 
-Several nodes: see docs/multi-node.md. The same command runs on GPUs (nccl) and on
-CPUs (gloo). Read it next to its single-process twin, single_gpu_baseline.py:
-`diff -u single_gpu_baseline.py train_ddp.py` shows only the DDP steps, each named.
-The guide's skeleton comes first (setup, cleanup, train); the plumbing both scripts
-share (the command line, the --out_dir rule, safe checkpoints) comes after it.
+Several nodes: see docs/multi-node.md. The same command runs on CPUs (gloo), and is
+written for GPUs (nccl), though no GPU has run it yet. Read it next to its single-process
+twin, single_gpu_baseline.py: `diff -u single_gpu_baseline.py train_ddp.py` shows the
+conversion, each hunk (a block of changed lines) naming its DDP step; what not every
+conversion needs says "optional". The guide's skeleton comes first (setup, cleanup,
+train); the plumbing both scripts share (the command line, the --out_dir rule, safe
+checkpoints, the launch's checks) comes after it.
 """
 
 import argparse
@@ -21,7 +23,7 @@ import json
 import math
 import os
 import sys
-import tempfile  # DDP step 1: plain python's group of one meets at a file
+import tempfile  # DDP step 1, optional: plain python's group of one meets at a file
 import time
 from pathlib import Path
 
@@ -37,7 +39,7 @@ from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, Tenso
 
 def setup(args):
     """DDP steps 1 and 2: join the job's process group, on this process's own device."""
-    # DDP step 2: place each process on its device. It comes before step 1 in the code: the
+    # DDP step 2: place each process on its device. It comes first in the code: the process
     # group binds nccl to the GPU it is given. LOCAL_RANK numbers the processes, and so the
     # GPUs, of this node; the guide uses the global rank, which asks for cuda:4 on the second
     # node of 2 x 4 GPUs.
@@ -53,9 +55,8 @@ def setup(args):
         # them. Never set them yourself: the guide's MASTER_PORT=12355 overrides torchrun's, and
         # the workers hang.
         dist.init_process_group(backend, device_id=device.index)
-    else:  # plain python: no one to meet, so a group of this one process, meeting at a file of its own
-        print("train_ddp.py: not started by torchrun, so running as a one-process job (world size 1)")
-        dist.init_process_group(backend, init_method=Path(tempfile.mktemp()).as_uri(), rank=0, world_size=1)
+    else:  # optional: plain `python train_ddp.py`, without torchrun (one_process_group, below)
+        one_process_group(backend)
     return device
 
 
@@ -92,7 +93,7 @@ def train(args):
     model = make_model(args).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     loss_fn = torch.nn.MSELoss()
-    # DDP step 6, the load: it comes before step 4, as the guide says: into the bare model,
+    # DDP step 6, the load: it comes before the wrap, as the guide says: into the bare model,
     # before DDP wraps it. Rank 0 chooses the checkpoint (ranks of several nodes may see a
     # shared --out_dir differently), and every rank loads that one, onto its own device.
     choice = [args.resume]
@@ -102,9 +103,9 @@ def train(args):
     # DDP step 4: wrap the model
     # DDP copies rank 0's weights to every rank now; then, during each backward(), it
     # all-reduces the gradients to their mean across ranks, in buckets (groups of gradients,
-    # each sent as soon as all of its gradients are computed: --bucket_cap_mb MiB of them,
-    # torch's default if not given) while the backward pass goes on. device_ids names this
-    # process's one GPU; on a CPU there is none.
+    # each sent as soon as all of its gradients are computed; their size, optional: the flag
+    # --bucket_cap_mb) while the backward pass goes on. device_ids names this process's one
+    # GPU; on a CPU there is none.
     model = DDP(
         model, device_ids=[device.index] if device.type == "cuda" else None, bucket_cap_mb=args.bucket_cap_mb
     )
@@ -115,11 +116,11 @@ def train(args):
         sampler.set_epoch(epoch)  # DDP step 3: a new shuffle each epoch, the same one on every rank
         model.train()
         epoch_start = time.perf_counter()
-        # the loss is summed on the device as (loss x samples): no .item() per step,
-        # which would stall a GPU every step, and the mean stays exact for a short last batch
+        # the loss is summed on the device as (loss x samples): no .item() per batch,
+        # which would stall a GPU at each, and the mean stays exact for a short last batch
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         samples = 0
-        # --profile: a few steps of the run's second epoch are recorded (profiled(), below)
+        # --profile: a few batches of the run's second epoch are recorded (profiled(), below)
         for step, (xb, yb) in enumerate(profiled(loader, args, record=epoch == start_epoch + 1)):
             xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
             # --grad_accum_steps K: K micro-batches make one optimizer step, each loss
@@ -138,7 +139,7 @@ def train(args):
             samples += len(xb)
         totals = torch.stack([loss_sum, loss_sum.new_tensor(samples)])
         # DDP step 5: all-reduce the metrics. Sum (loss x samples, samples) over all ranks,
-        # once per epoch: the exact mean over every sample seen. The guide averages per-step
+        # once per epoch: the exact mean over every sample seen. The guide averages per-batch
         # means over num_batches * world_size, which is wrong when the last batch is short.
         # Every rank gets the same totals, so every rank decides alike what comes next.
         dist.all_reduce(totals)
@@ -174,7 +175,7 @@ def train(args):
             "device": str(device),
         }
         check_finite(record)  # a diverged run stops here, before it logs or saves a NaN
-        # DDP step 6: checkpoint on rank 0. One process writes the files (and, step 5, reports)
+        # DDP step 6: checkpoint on rank 0. One process writes the files (and prints the report)
         # for all. It saves the unwrapped model, model.module: no "module." prefix, so the
         # baseline and any world size load it. Never put a collective in a rank-0-only block:
         # the other ranks would not reach it, and the job would hang.
@@ -260,7 +261,7 @@ def parse_args():
         description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
     parser.add_argument("--epochs", type=positive_int, default=5, help="passes over the data")
-    parser.add_argument("--batch_size", type=positive_int, default=64, help="samples per step, per process")
+    parser.add_argument("--batch_size", type=positive_int, default=64, help="samples per batch, per process")
     parser.add_argument("--lr", type=positive_float, default=0.02, help="learning rate (SGD, momentum 0.9)")
     parser.add_argument("--dataset_size", type=positive_int, default=2048, help="training samples")
     parser.add_argument(
@@ -297,7 +298,7 @@ def parse_args():
         default=64,
         help="model width: wider means more compute for each byte of gradients exchanged",
     )
-    # DDP step 4: a bucket's size, a flag to try; torch's default: 25 MiB, and 1 for the first bucket
+    # DDP step 4, optional: a flag to try; torch's default: 25 MiB, and 1 for the first bucket
     parser.add_argument("--bucket_cap_mb", type=positive_float, help="MiB a gradient bucket; None: torch's")
     parser.add_argument(
         "--num_workers",
@@ -311,7 +312,7 @@ def parse_args():
     parser.add_argument(
         "--profile",
         action="store_true",
-        help="record a few steps of the run's second epoch with torch.profiler: a trace per process in "
+        help="record a few batches of the run's second epoch with torch.profiler: a trace per process in "
         "--out_dir, which ui.perfetto.dev opens (the training is the same; that epoch's time is not)",
     )
     args = parser.parse_args()
@@ -328,6 +329,17 @@ def parse_args():
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     return args
+
+
+def check_launch(args):
+    """What torchrun set for this process, checked before it waits on any other: RANK, LOCAL_RANK
+    and WORLD_SIZE all (torchrun) or none (plain python), and no more processes on a node than
+    GPUs. The baseline, one process under plain python, always passes."""
+    missing = [name for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE") if name not in os.environ]
+    if 0 < len(missing) < 3:  # some set by hand, or by another launcher; none: plain python
+        raise Refused(f"{' and '.join(missing)} not set: launch with torchrun, which sets them all")
+    if args.device == "cuda" and int(os.getenv("LOCAL_WORLD_SIZE", 1)) > torch.cuda.device_count():
+        raise Refused(f"use --nproc_per_node={torch.cuda.device_count()} or fewer: one process per GPU")
 
 
 def check_out_dir(args):
@@ -395,8 +407,8 @@ def check_epoch(args, batches):
         )
     if args.profile and RECORDED[-1] > batches:
         raise Refused(
-            f"--profile records steps {RECORDED[0]} to {RECORDED[-1]} of an epoch, which has {batches} here: "
-            "pass a smaller --batch_size or a larger --dataset_size"
+            f"--profile records batches {RECORDED[0]} to {RECORDED[-1]} of an epoch, which has {batches} "
+            "here: pass a smaller --batch_size or a larger --dataset_size"
         )
 
 
@@ -508,11 +520,11 @@ def check_finite(record):
         )
 
 
-def refuse(refusal, at_once=True):
+def refuse(refusal):
     """Print a refusal as one line and exit with argparse's code for usage errors. Under torchrun every
-    process refuses alike and one speaks at once; the others give torchrun a few seconds to stop them,
-    and speak only if it does not (a refusal that is theirs alone)."""
-    if not at_once:
+    process refuses alike and local rank 0 speaks at once; the others give torchrun a few seconds to
+    stop them, and speak only if it does not (a refusal that is theirs alone)."""
+    if os.getenv("LOCAL_RANK", "0") != "0":
         time.sleep(5)
     print(f"{Path(__file__).name}: error: {refusal}", file=sys.stderr, flush=True)
     sys.stdout.flush()
@@ -530,17 +542,18 @@ def report(record, metrics, epochs, elapsed):
     metrics.flush()
 
 
-# the steps of an epoch that --profile records, counted from 1: the first is skipped, the profiler
+# the batches of an epoch that --profile records, counted from 1: the first is skipped, the profiler
 # warms up on the second
 RECORDED = range(3, 7)
 
 
 def profiled(loader, args, record):
     """The batches of loader, as they come. With --profile, and record, torch.profiler records a
-    few of its steps (RECORDED: a step is a batch fetched, forward, backward and, when it is the
-    last micro-batch, the optimizer step), and each process writes its trace to --out_dir as
-    trace_rank<RANK>.json, in the format ui.perfetto.dev and chrome://tracing open. Each process
-    records its own: gloo's all-reduces show on gloo's threads, nccl's on a CUDA stream of their own."""
+    few of them (RECORDED: each from its fetch through forward, backward and, on the last
+    micro-batch of an optimizer step, that step), and each process writes its trace to --out_dir
+    as trace_rank<RANK>.json, in the format ui.perfetto.dev and chrome://tracing open. Each process
+    records its own: gloo's all-reduces show on gloo's threads, nccl's on a CUDA stream of their
+    own (a stream: a queue of GPU work, run in order, beside the compute's)."""
     if not (args.profile and record):
         yield from loader
         return
@@ -552,7 +565,7 @@ def profiled(loader, args, record):
         if rank == 0:
             where = Path(args.out_dir) / "trace_rank*.json"
             print(
-                f"{Path(__file__).name}: --profile: steps {RECORDED[0]} to {RECORDED[-1]} of this epoch, a "
+                f"{Path(__file__).name}: --profile: batches {RECORDED[0]} to {RECORDED[-1]} of this epoch, a "
                 f"trace per process: {where} (open one in ui.perfetto.dev)",
                 flush=True,
             )
@@ -564,27 +577,35 @@ def profiled(loader, args, record):
     with torch.profiler.profile(activities=activities, schedule=schedule, on_trace_ready=write) as profiler:
         for batch in loader:
             yield batch
-            profiler.step()  # the step ends: the next begins with fetching its batch
+            profiler.step()  # the profiler's step is our batch: the next begins with its fetch
 
 
-def check_launch(args):
-    """What torchrun set for this process, checked before it waits on any other."""
-    missing = [name for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE") if name not in os.environ]
-    if 0 < len(missing) < 3:  # some set by hand, or by another launcher; none: plain python
-        raise Refused(f"{' and '.join(missing)} not set: launch with torchrun, which sets them all")
-    if args.device == "cuda" and int(os.getenv("LOCAL_WORLD_SIZE", 1)) > torch.cuda.device_count():
-        raise Refused(f"use --nproc_per_node={torch.cuda.device_count()} or fewer: one process per GPU")
+# -----------------------------------------------------------------------------
+# train_ddp.py's alone, and not the lesson (DDP step 1, optional): plain `python train_ddp.py`
+
+
+def one_process_group(backend):
+    """A process group of this one process, for a job started without torchrun. Here, and only
+    here, the script names where to meet, its rank and the world size itself, as check_ddp.py
+    (DDP105, DDP106) tells a script under torchrun never to: without torchrun, nothing set RANK or
+    MASTER_ADDR, and no store waits to be met at. It meets at a file, not a port: native Windows,
+    where torchrun's store does not run, runs it too. mkstemp makes the file, new and ours alone
+    (mktemp's name could be taken before it is used); torch deletes it with the group."""
+    print("train_ddp.py: not started by torchrun, so running as a one-process job (world size 1)")
+    handle, store = tempfile.mkstemp(prefix="train_ddp-group-")
+    os.close(handle)
+    dist.init_process_group(backend, init_method=Path(store).as_uri(), rank=0, world_size=1)
 
 
 if __name__ == "__main__":
     try:
         args = parse_args()
-        check_launch(args)  # DDP step 8: what torchrun set, checked before any process waits
+        check_launch(args)  # before any process waits on another
         check_out_dir(args)
         train(args)
         # torch 2.13 imports parts of itself lazily, and some of them keep the frames that imported
         # them in a reference cycle (pytorch/pytorch#195586): train()'s, with its model, among them.
         # Collect it now, while Python is whole, not as it shuts down (pytorch/pytorch#190489).
         gc.collect()
-    except Refused as refusal:  # every process refuses alike: under torchrun, local rank 0 says so
-        refuse(refusal, at_once=os.getenv("LOCAL_RANK", "0") == "0")  # DDP step 8
+    except Refused as refusal:
+        refuse(refusal)

@@ -93,8 +93,8 @@ def process_counts():
 
 def rounds():
     """How many interleaved rounds the scaling measurement runs: WALKTHROUGH_ROUNDS if set (1: a quick
-    pass, as the tests make), else 3."""
-    return int(os.environ.get("WALKTHROUGH_ROUNDS", 3))
+    pass, as the tests make), else 2, which keeps the notebook's run within its three minutes."""
+    return int(os.environ.get("WALKTHROUGH_ROUNDS", 2))
 
 
 def hardware():
@@ -222,7 +222,7 @@ def largest_gap(a, b, key):
 def plot_losses(baseline, runs, keys, title):
     """Per-epoch loss (keys: "loss", "val_loss") of baseline, (label, out_dir), as a wide grey line, and of
     runs, {label: out_dir}, each dashed on top of it."""
-    names = {"loss": "training loss", "val_loss": "held-out loss (step 10)"}
+    names = {"loss": "training loss", "val_loss": "held-out loss (DDP step 10)"}
     epochs = [r["epoch"] for r in metrics(baseline[1])]
     fig, axes = plt.subplots(1, len(keys), figsize=(5.5 * len(keys), 4), sharey=True, squeeze=False)
     for ax, key in zip(axes[0], keys, strict=True):
@@ -390,7 +390,7 @@ def read_trace(path):
         # finishWorkGloo: the future first, then the profiler's record), so on a busy CPU its end can
         # come later than that: it is cut there
         done = max(e["ts"] for e in copies) / 1e3 if copies else math.inf
-        if named("Optimizer.step"):  # not after a micro-batch that only accumulates (step 9)
+        if named("Optimizer.step"):  # not after a micro-batch that only accumulates (DDP step 9)
             phases.append(("optimizer step", *span(named("Optimizer.step", "Optimizer.zero_grad"))))
         buckets = itertools.count()
         for e in sorted(inside, key=lambda e: e["ts"]):
@@ -522,13 +522,13 @@ def draw_timelines(runs, title, steps=2):
                             (s + e) / 2 - t0, y, text, ha="center", va="center", color="white", fontsize=8
                         )
         for (s, e), number in list(zip(traces[0]["steps"], traces[0]["numbers"], strict=True))[:steps]:
-            ax.axvline(s - t0, color="0.3", lw=0.8, ls=":")  # where rank 0's steps begin
-            name = f"step {number}" if e - s > widest / 25 else str(number)
+            ax.axvline(s - t0, color="0.3", lw=0.8, ls=":")  # where rank 0's batches begin
+            name = f"batch {number}" if e - s > widest / 25 else str(number)
             ax.text(s - t0, 0.55, f" {name}", va="bottom", fontsize=8, color="0.3")
         ax.set_yticks(range(0, -len(labels), -1), labels)
         ax.set(xlim=(0, widest * 1.01), ylim=(-len(labels) + 0.4, 1.3))
         ax.set_title(panel, loc="left", fontsize=10)
-    axes[-1].set_xlabel("ms since the first of these steps began, on any rank")
+    axes[-1].set_xlabel("ms since the first of these batches began, on any rank")
     shown = [what for what in COLOURS if what in drawn]
     handles = [plt.Rectangle((0, 0), 1, 1, color=COLOURS[what]) for what in shown]
     inch = 1 / fig.get_figheight()  # the title, then the legend, above the panels

@@ -210,7 +210,7 @@ def wall_time(script):
 # the cases, each a function that returns one number
 
 cases = {
-    "first result": lambda: wall_time("train_ddp.py"),  # the README's command, its defaults
+    "first result": lambda: wall_time("train_ddp.py"),  # a first run: 2 processes, at its defaults
     "floor": lambda: wall_time("benchmarks/floor.py"),
 }
 for regime, flags in regimes.items():

@@ -6,7 +6,7 @@
     python benchmarks/buckets.py --keep benchmarks/buckets.kept.json   # the page's figures
 
 Each round runs train_ddp.py once per bucket size ("torch": the flag not given, torch's own
-default), in an order rotated from round to round, with --profile, which records steps 3 to 6
+default), in an order rotated from round to round, with --profile, which records batches 3 to 6
 of epoch 2; the regimes are benchmark.py's. From each run it reads
 - from each rank's trace: its all-reduces per optimizer step (the buckets), their time per step,
   and the share of that time hidden under backward (the notebook's numbers, from

@@ -4,7 +4,7 @@ our own train_ddp.py, a hang, a crash, a missing file.
 
 Each case states what the checker must say, on a line near its top:
 
-    # check_ddp: exit 1, FAIL step 3 DDP305, see 03
+    # check_ddp: exit 1, FAIL step 3 DDP305, see step3_missing_set_epoch
     # check_ddp: exit 0, warn step 7 DDP702
 
 (tests/check_ddp_cases/README.md: the grammar), and the line the report must name, if any, ends with
@@ -109,7 +109,7 @@ def expectation(path, device="cpu"):
         int(step): (verdict, code or None)
         for verdict, step, code in re.findall(r"(FAIL|warn|ok) step (\d+)(?: (DDP\d+))?", spec)
     }
-    see = re.findall(r"see (\d\d)", spec)
+    see = re.findall(r"see (step\d+_\w+)", spec)
     marked = [
         n for n, source in enumerate(text.splitlines(), 1) if source.rstrip().endswith("# check_ddp: here")
     ]
@@ -129,8 +129,8 @@ def assert_says_what_the_case_states(case, status, steps, stdout, device="cpu"):
     for s, (v, _, code) in steps.items():
         assert (code is not None) == (v in ("FAIL", "warn")), f"step {s}: a finding names its code\n{stdout}"
     flagged = "\n".join(text for verdict, text, _ in steps.values() if verdict in ("FAIL", "warn"))
-    for number in see:
-        assert f"pitfalls/{number}_" in flagged, f"pitfall {number} not named\n{stdout}"
+    for name in see:
+        assert f"pitfalls/{name}.py" in flagged, f"pitfall {name} not named\n{stdout}"
     for line in marked if any(v in ("FAIL", "warn") for v, _ in verdicts.values()) else ():
         assert f"{case.name}:{line}" in flagged, f"{case.name}:{line} not named\n{stdout}"
 
@@ -216,7 +216,7 @@ def test_explain_lists_every_code_and_explains_each(tool):
     )  # by step (DDP000, any step, last)
     page = run([sys.executable, str(CHECK), "--explain", "ddp305"], cwd=ROOT).stdout
     assert page.startswith("DDP305 (FAIL, step 3, shard the data)") and "set_epoch" in page
-    assert "see:  pitfalls/03_missing_set_epoch.py" in page
+    assert "see:  pitfalls/step3_missing_set_epoch.py" in page
     proc = run([sys.executable, str(CHECK), "--explain", "DDP999"], cwd=ROOT, expect=2)
     assert "DDP999: no such code" in proc.stderr
 
@@ -276,7 +276,7 @@ def test_check_ddp_copied_alone_still_says_where_to_read_more(tmp_path):
     sees = [line.strip() for line in proc.stdout.splitlines() if line.strip().startswith("see:")]
     assert sees == ["see:  python check_ddp.py --explain DDP305"], proc.stdout
     page = run([sys.executable, "check_ddp.py", "--explain", "DDP305"], cwd=tmp_path).stdout
-    assert "pitfalls/03_missing_set_epoch.py, in the project check_ddp.py comes from" in page
+    assert "pitfalls/step3_missing_set_epoch.py, in the project check_ddp.py comes from" in page
 
 
 def test_judge_refuses_a_folder_that_is_not_a_job(tmp_path):

@@ -17,6 +17,16 @@ def test_every_classic_mistake_has_its_pitfall():
     assert len(PITFALLS) >= 16, PITFALLS
 
 
+def test_each_pitfall_is_named_by_the_ddp_step_it_belongs_to():
+    # stepN_what.py, never a number of its own that reads as another step's
+    steps = range(1, 11)  # the ten DDP steps of the README
+    for name in PITFALLS:
+        match = re.fullmatch(r"step(\d+)_[a-z0-9_]+\.py", name)
+        assert match and int(match.group(1)) in steps, f"{name}: name it stepN_what.py, N its DDP step"
+        first = ast.get_docstring(ast.parse((ROOT / "pitfalls" / name).read_text())).splitlines()[0]
+        assert first.startswith(f"A pitfall of DDP step {match.group(1)}: "), f"{name}: {first}"
+
+
 def run_pitfall(name):
     # the CPU, for every process, even on a GPU machine; exit 0: the mistake and the fix both
     # behaved as the pitfall says
@@ -37,9 +47,9 @@ def pitfall_runs(request):
 
 
 # the quick tier (not slow) runs the one pitfall that starts no torchrun job
-QUICK = "12_unsafe_torch_load.py"
+QUICK = "step6_unsafe_torch_load.py"
 # the one whose symptom is a time: its own test, below
-TIMED = "13_too_many_threads.py"
+TIMED = "step8_too_many_threads.py"
 
 
 @pytest.mark.parametrize(

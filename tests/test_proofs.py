@@ -286,7 +286,7 @@ BAD_INPUT = [
     ("--grad_accum_steps 100", "--grad_accum_steps 100 is more than the"),
     ("--bucket_cap_mb 0", "must be a finite number above 0"),
     ("--profile --epochs 1", "--profile records the second epoch"),
-    ("--profile --dataset_size 256", "--profile records steps 3 to 6 of an epoch, which has 4 here"),
+    ("--profile --dataset_size 256", "--profile records batches 3 to 6 of an epoch, which has 4 here"),
 ]
 
 

@@ -1,5 +1,6 @@
-"""The pages stay true: the README's step names and test command match the code, CI and the checking
-tool, every relative link leads to a file, and every test that tests/README.md names exists."""
+"""The pages stay true: the README's steps and test command match the code, CI and the checking
+tool, the README stays a short path, every relative link leads to a file, and every test that
+tests/README.md names exists."""
 
 import ast
 import json
@@ -8,20 +9,35 @@ import shutil
 import subprocess
 from urllib.parse import unquote
 
-from helpers import ROOT
+from helpers import ROOT, run
 
 README = (ROOT / "README.md").read_text()
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "tests" / "README.md"]
+PAGES = [
+    ROOT / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+    ROOT / "pitfalls" / "README.md",
+    ROOT / "benchmarks" / "README.md",
+    ROOT / "tests" / "README.md",
+]
+# the ten steps, one list: "- **DDP step N: <name>.** <its rule>", the rule down to the next item
+STEP = re.compile(r"^- \*\*DDP step (\d+): ([^*]+?)\.\*\* (.+?)(?=\n- |\n\n)", flags=re.M | re.S)
+
+
+def readme_steps():
+    """{number: (name, rule)} of the README's list of steps."""
+    return {int(n): (name, " ".join(rule.split())) for n, name, rule in STEP.findall(README)}
+
+
 # [text](target) and ![alt](target), outside code; a target with a scheme (https:, mailto:) is not relative
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 CODE = re.compile(r"^```.*?^```$|`[^`\n]*`", flags=re.S | re.M)
 
 
 def test_readme_step_names_are_the_ones_in_train_ddp():
-    steps = dict(re.findall(r"^\| (\d+) \| ([^|]+?) \|", README, flags=re.M))
-    assert sorted(steps, key=int) == [str(n) for n in range(1, 11)], steps
+    steps = readme_steps()
+    assert list(steps) == list(range(1, 11)), steps  # one list, in order
     code = (ROOT / "train_ddp.py").read_text()
-    for number, name in steps.items():
+    for number, (name, _) in steps.items():
         assert f"DDP step {number}: {name}" in code, f"train_ddp.py never says 'DDP step {number}: {name}'"
 
 
@@ -91,7 +107,7 @@ def assigned(path, name):
 
 
 def test_check_ddp_names_the_steps_as_the_readme_does_and_its_pitfalls_exist():
-    steps = {int(n): name for n, name in re.findall(r"^\| (\d+) \| ([^|]+?) \|", README, flags=re.M)}
+    steps = {number: name for number, (name, _) in readme_steps().items()}
     assert assigned(ROOT / "check_ddp.py", "STEPS") == steps
     pitfalls = assigned(ROOT / "check_ddp.py", "PITFALLS").values()
     assert [path for path in pitfalls if not (ROOT / path).is_file()] == []
@@ -177,14 +193,31 @@ def test_the_pages_pass_the_conversions_calls_what_train_ddp_passes_them():
     assert not wrong, wrong
 
 
-def test_the_steps_tables_code_is_in_train_ddp():
+def conversion_diff():
+    """The README's conversion, both sides of its diff."""
+    return re.search(r"^## Convert your own script\n.*?```diff\n(.*?)```", README, flags=re.S | re.M).group(1)
+
+
+def test_the_step_rules_code_is_in_train_ddp_or_the_readmes_conversion():
     # as the code reads once the formatter's line breaks are undone: `DDP(\n        model, ...`
     code = re.sub(r"\s+", " ", re.sub(r"\(\s+", "(", (ROOT / "train_ddp.py").read_text()))
-    rows = re.findall(r"^\| \d+ \| [^|]+ \| (.+) \|$", README, flags=re.M)
-    spans = [span for row in rows for span in re.findall(r"`([^`]+)`", row)]
+    shown = re.sub(r"\s+", " ", conversion_diff())
+    spans = [span for _, rule in readme_steps().values() for span in re.findall(r"`([^`]+)`", rule)]
     assert len(spans) >= 10, spans
-    missing = [span for span in spans if not re.search(".*?".join(map(re.escape, span.split("..."))), code)]
-    assert not missing, f"the README's table of steps shows code train_ddp.py does not have: {missing}"
+    missing = [
+        span
+        for span in spans
+        if not any(re.search(".*?".join(map(re.escape, span.split("..."))), text) for text in (code, shown))
+    ]
+    assert not missing, f"the README's steps show code neither train_ddp.py nor its conversion has: {missing}"
+
+
+def test_the_readmes_conversion_tags_each_line_with_the_step_the_list_gives_it():
+    # each DDP step's comment in the conversion, in the order the code needs them; every step of
+    # the guide's eight but the launch (a command) is there
+    tags = [int(n) for n in re.findall(r"# DDP step (\d+)\b", conversion_diff())]
+    assert set(tags) == set(range(1, 8)), tags
+    assert set(tags) <= set(readme_steps())
 
 
 # The words it uses ------------------------------------------------------------------------------------
@@ -194,7 +227,7 @@ def test_every_term_the_readme_defines_is_defined_before_its_first_use():
     # its terms: the bold words of its glossary's items (- **term**: ...), and a word in italics in
     # its prose, defined where it stands (its own *shard*)
     items = re.findall(r"^- \*\*[^*]+\*\*:.*?(?=\n(?!  )|\Z)", README, flags=re.M | re.S)
-    assert len(items) >= 10, items
+    assert len(items) >= 8, items
     defined = {term: f"**{term}**" for item in items for term in re.findall(r"\*\*([^*]+)\*\*", item)}
     defined |= {term: f"*{term}*" for term in re.findall(r"(?<![*\w])\*([a-z][a-z -]*)\*(?![*\w])", README)}
     text = re.sub(r"!\[[^\]]*\]", "", README)  # a picture's alt text describes the picture
@@ -205,3 +238,87 @@ def test_every_term_the_readme_defines_is_defined_before_its_first_use():
             line = text[: first.start()].count("\n") + 1
             early.append(f"{term!r}, used on line {line}, before it is defined")
     assert not early, early
+
+
+# The path a learner reads ---------------------------------------------------------------------------
+
+
+def words_outside_code_blocks(text):
+    """The words of a markdown text, its tables and code spans included, its fenced blocks not."""
+    return len(re.sub(r"^```.*?^```$", "", text, flags=re.S | re.M).split())
+
+
+def test_the_readme_is_a_short_path_with_the_rest_one_link_away():
+    # what DDP does, set up, run it, convert, check it: the rest lives in docs/, pitfalls/, tests/
+    assert words_outside_code_blocks(README) <= 1500, words_outside_code_blocks(README)
+    headings = re.findall(r"^## (.+)$", README, flags=re.M)
+    assert headings[:4] == ["What DDP does", "Set up", "Run it", "Convert your own script"], headings
+    linked = {page for page in ("docs/troubleshooting.md", "docs/check-ddp.md", "pitfalls/README.md")}
+    assert all(f"]({page})" in README for page in linked), "a page moved out of the README is not linked"
+
+
+def test_the_pages_number_nothing_but_the_ddp_steps():
+    # "DDP step 3" is a step of the conversion; an optimizer step is never numbered, nor is anything
+    # else (a pitfall, a batch the profiler records) called a step with a number
+    texts = {page.relative_to(ROOT): page.read_text() for page in PAGES}
+    notebook = json.loads((ROOT / "walkthrough.ipynb").read_text())
+    texts["walkthrough.ipynb"] = "\n".join(
+        "".join(cell["source"]) for cell in notebook["cells"] if cell["cell_type"] == "markdown"
+    )
+    numbered = [
+        f"{page}: {match.group()!r}"
+        for page, text in texts.items()
+        for match in re.finditer(
+            r"(?<!DDP )\b[Ss]teps? \d+", re.sub(r"^```.*?^```$", "", text, flags=re.S | re.M)
+        )
+    ]
+    assert not numbered, numbered
+
+
+# What the README's conversion leaves out (its data, model, batch size, epochs, and the unchanged
+# forward, backward and optimizer step), made concrete, so that its new side runs as a script
+PRELUDE = """import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+B, epochs = 16, 2
+
+
+def make_dataset(seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(256, 4, generator=g)
+    return TensorDataset(x, x.sum(1, keepdim=True))
+
+
+def Model():
+    return torch.nn.Linear(4, 1)
+
+
+"""
+UNCHANGED = """x, y = x.to(device), y.to(device)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01) if "optimizer" not in globals() else optimizer
+loss = torch.nn.functional.mse_loss(model(x), y)
+optimizer.zero_grad()
+loss.backward()
+optimizer.step()"""
+
+
+def converted_script():
+    """The new side of the README's conversion, with what it leaves out filled in."""
+    lines = []
+    for line in conversion_diff().splitlines():
+        if line.startswith("-"):
+            continue
+        code = line[1:]
+        indent = code[: len(code) - len(code.lstrip())]
+        unchanged = code.strip().startswith("...")
+        lines += [indent + line for line in UNCHANGED.splitlines()] if unchanged else [code]
+    return PRELUDE + "\n".join(lines) + "\n"
+
+
+def test_the_readmes_conversion_runs_under_plain_torchrun_on_the_cpu_build(tmp_path):
+    # the device-agnostic form: no CUDA (as on torch's CPU build), so gloo on the CPU; rank 0 alone
+    # prints and saves (check_ddp.py checks its GPU path, stood in: tests/test_check_ddp.py)
+    (tmp_path / "my_train.py").write_text(converted_script())
+    proc = run("torchrun --standalone --nproc_per_node=2 my_train.py", cwd=tmp_path)
+    assert [line.split()[0] for line in proc.stdout.splitlines()] == ["0", "1"], proc.stdout
+    assert (tmp_path / "ckpt.pt").is_file()

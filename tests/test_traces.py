@@ -1,4 +1,4 @@
-"""--profile: every process writes a trace of a few steps, the trace shows DDP's all-reduces running
+"""--profile: every process writes a trace of a few batches, the trace shows DDP's all-reduces running
 while backward still computes, the notebook's drawing code reads it, and it changes nothing else."""
 
 import json
@@ -10,7 +10,7 @@ import torch
 from helpers import ROOT, load_checkpoint, read_metrics
 from test_twins import default_run
 
-# the wide model at batch 256 a process: 8 steps an epoch on each of 2 ranks, so that steps 3 to 6
+# the wide model at batch 256 a process: 8 batches an epoch on each of 2 ranks, so that batches 3 to 6
 # of the second are recorded; the middle layer's backward is long enough for gloo to start under it
 TRACED = "--epochs 2 --hidden_size 512 --batch_size 256 --dataset_size 4096"
 TORCHRUN_2 = "torchrun --standalone --nproc_per_node=2"
@@ -52,7 +52,7 @@ def test_every_rank_writes_a_trace_whose_all_reduces_overlap_backward(shared_run
     traced = shared_run(SMALL_BUCKETS)
     said = [line for line in traced.proc.stdout.splitlines() if "--profile" in line]
     assert said == [  # rank 0 alone says where, once
-        "train_ddp.py: --profile: steps 3 to 6 of this epoch, a trace per process: traced/trace_rank*.json "
+        "train_ddp.py: --profile: batches 3 to 6 of this epoch, a trace per process: traced/trace_rank*.json "
         "(open one in ui.perfetto.dev)"
     ], traced.proc.stdout
     ranks = traces(traced, drawing)

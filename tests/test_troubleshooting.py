@@ -1,4 +1,4 @@
-"""The README's Troubleshooting rows for a hang mid-run say what a job really prints, and after how long:
+"""docs/troubleshooting.md's rows for a hang mid-run say what a job really prints, and after how long:
 gloo's by a job that hangs, nccl's by the torch installed, on any build of it."""
 
 import math
@@ -9,7 +9,7 @@ from pathlib import Path
 import torch.distributed.constants
 from helpers import ROOT, run
 
-README = (ROOT / "README.md").read_text()
+PAGE = (ROOT / "docs" / "troubleshooting.md").read_text()
 SECONDS = 2  # the job's timeout: short, so that it fails in seconds instead of 30 minutes
 
 # Two ranks that disagree: rank 0 all-reduces, rank 1 waits at a barrier; neither call can finish.
@@ -28,9 +28,9 @@ else:
 def timeout_row(backend):
     """The row's first cell, and its message: a hang mid-run on backend, after N minutes."""
     row = re.search(
-        rf"^\| On \w+ \({backend}\): a hang mid-run, then, after (\d+) minutes, `([^`]+)`", README, re.M
+        rf"^\| On \w+ \({backend}\): a hang mid-run, then, after (\d+) minutes, `([^`]+)`", PAGE, re.M
     )
-    assert row, f"README's Troubleshooting has no row for a {backend} timeout"
+    assert row, f"docs/troubleshooting.md has no row for a {backend} timeout"
     return timedelta(minutes=int(row.group(1))), row.group(2)
 
 

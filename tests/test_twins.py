@@ -1,7 +1,11 @@
 """The twin scripts run as the README says, train, and write what other tools read."""
 
 import ast
+import difflib
+import io
+import re
 import sys
+import tokenize
 
 import pytest
 import torch
@@ -17,6 +21,7 @@ from helpers import (
     read_metrics,
     run,
 )
+from torch.utils.data import DistributedSampler, RandomSampler
 
 METRIC_KEYS = {"epoch", "loss", "samples", "seconds", "samples_per_sec", "world_size", "backend", "device"}
 
@@ -35,27 +40,101 @@ def check_metrics(out_dir, epochs, world_size, samples):
     return records
 
 
-def test_baseline_runs_and_learns(tmp_path):
-    proc = run("python single_gpu_baseline.py", cwd=copy_scripts(tmp_path))
-    records = check_metrics(tmp_path / "out/single_gpu_baseline/run_1", epochs=5, world_size=1, samples=2048)
-    assert records[0]["backend"] is None
-    lines = proc.stdout.splitlines()
-    assert lines[0] == "single_gpu_baseline.py: writing to out/single_gpu_baseline/run_1"
-    assert len(lines) == 6  # where the run goes, then one line per epoch
-    assert sorted(p.name for p in (tmp_path / "out/single_gpu_baseline/run_1").glob("*.pt")) == [
-        "model_epoch_2.pt",
-        "model_epoch_4.pt",
-        "model_epoch_5.pt",
-    ]
+README = (ROOT / "README.md").read_text()
+
+
+def readme_command(start):
+    """The command of the README's "Run it" that starts so, its comment left out."""
+    block = re.search(r"^## Run it\n+```bash\n(.*?)```", README, flags=re.S | re.M).group(1)
+    (command,) = [line.split("#")[0].strip() for line in block.splitlines() if line.startswith(start)]
+    return command
+
+
+def baseline_default_run(shared_run):
+    """The README's baseline command, made once for the tests that read it."""
+    return shared_run(readme_command("python single_gpu_baseline.py"))
 
 
 def default_run(shared_run, nproc):
-    """The README's first command, at nproc processes, made once for the tests that read it: with
-    every worker's writes reported (helpers.audit_env), and its output both on the console and in
-    a log per rank, logs/<run id>/attempt_0/<local rank>/std{out,err}.log (--tee, --log-dir)."""
-    return shared_run(
-        f"torchrun --standalone --nproc_per_node={nproc} --tee=3 --log-dir=logs train_ddp.py", audit=True
+    """The README's torchrun command, the baseline's twin, at nproc processes, made once for the tests
+    that read it: with every worker's writes reported (helpers.audit_env), and its output both on the
+    console and in a log per rank, logs/<run id>/attempt_0/<local rank>/std{out,err}.log (--tee,
+    --log-dir)."""
+    command = readme_command("torchrun --standalone --nproc_per_node=2 train_ddp.py")
+    options = f"--nproc_per_node={nproc} --tee=3 --log-dir=logs"
+    return shared_run(command.replace("--nproc_per_node=2", options), audit=True)
+
+
+def test_baseline_runs_and_learns(shared_run):
+    base = baseline_default_run(shared_run)
+    assert base.out == base.folder / "out/single_gpu_baseline/run_1"
+    records = check_metrics(base.out, epochs=5, world_size=1, samples=2048)
+    assert records[0]["backend"] is None
+    lines = base.proc.stdout.splitlines()
+    assert lines[0] == "single_gpu_baseline.py: writing to out/single_gpu_baseline/run_1"
+    assert len(lines) == 6  # where the run goes, then one line per epoch
+
+
+def test_the_readmes_torchrun_command_is_the_baselines_twin(shared_run):
+    # 2 processes of 32 against one of 64: the same global batches, the same losses to float rounding
+    base, ddp = baseline_default_run(shared_run), default_run(shared_run, 2)
+    pairs = list(zip(read_metrics(base.out), read_metrics(ddp.out), strict=True))
+    assert all(a["samples"] == b["samples"] and b["world_size"] == 2 for a, b in pairs)
+    gaps = [abs(a[key] - b[key]) / a[key] for a, b in pairs for key in ("loss", "val_loss")]
+    assert max(gaps) < 1e-4, gaps
+
+
+def test_checkpoints_come_when_the_pages_say(shared_run):
+    # every --save_interval epochs and after the last: the README and docs/runs-and-restarts.md say
+    # so, --help gives the interval's default, and both scripts save at those epochs
+    claim = "every `--save_interval` epochs and after the last"
+    assert claim in README and claim in (ROOT / "docs/runs-and-restarts.md").read_text()
+    shown = " ".join(run([sys.executable, "single_gpu_baseline.py", "--help"], cwd=ROOT).stdout.split())
+    said = re.search(
+        r"--save_interval \w+ checkpoint every N epochs, and after the last \(default: (\d+)\)", shown
     )
+    interval = int(said.group(1))
+    epochs = 5  # the default runs'
+    expected = [f"model_epoch_{e}.pt" for e in range(1, epochs + 1) if e % interval == 0 or e == epochs]
+    for made in (baseline_default_run(shared_run), default_run(shared_run, 2)):
+        assert sorted(p.name for p in made.out.glob("*.pt")) == expected, made.out
+
+
+def flags(script):
+    """The --flags a script's parser takes, read from its code."""
+    calls = [node for node in ast.walk(ast.parse((ROOT / script).read_text())) if isinstance(node, ast.Call)]
+    return {
+        call.args[0].value
+        for call in calls
+        if getattr(call.func, "attr", None) == "add_argument" and isinstance(call.args[0], ast.Constant)
+    }
+
+
+def test_the_flags_each_twin_takes_are_as_the_pages_say():
+    page = (ROOT / "docs/runs-and-restarts.md").read_text()
+    only = re.search(r"take the same flags\s+but one: `(--\w+)`, the DDP twin's alone", page)
+    assert only, "docs/runs-and-restarts.md no longer says which flags the twins share"
+    baseline, ddp = flags("single_gpu_baseline.py"), flags("train_ddp.py")
+    assert len(baseline) >= 10 and baseline <= ddp
+    assert ddp - baseline == {only.group(1)}
+
+
+def test_the_baselines_sampler_maps_to_set_epoch_as_the_readme_says():
+    # "Your turn": RandomSampler, its generator reseeded with seed + epoch, becomes DistributedSampler(seed)
+    # with set_epoch(epoch); every line the README shows for it is in one of the twins
+    turn = re.search(r"^### Your turn\n(.*?)^###", README, flags=re.S | re.M).group(1)
+    spans = [span for span in re.findall(r"`([^`]+)`", turn) if "ampler" in span]
+    assert len(spans) >= 4, spans
+    twins = [(ROOT / script).read_text() for script in SCRIPTS]
+    assert [span for span in spans if not any(span in text for text in twins)] == []
+    n, seed, world = 12, 7, 3
+    for epoch in range(3):
+        generator = torch.Generator().manual_seed(seed + epoch)  # the baseline's, reseeded
+        order = list(RandomSampler(range(n), generator=generator))
+        for rank in range(world):
+            shard = DistributedSampler(range(n), num_replicas=world, rank=rank, seed=seed)
+            shard.set_epoch(epoch)
+            assert list(shard) == order[rank::world], (epoch, rank)  # every N-th index of that order
 
 
 @pytest.mark.parametrize("nproc", [pytest.param(1, marks=pytest.mark.slow), 2])
@@ -89,10 +168,54 @@ def test_resume_auto_without_out_dir_continues_the_latest_run(tmp_path):
 
 
 def test_python_without_torchrun_is_a_one_process_job(tmp_path):
-    env = {k: v for k, v in cpu_env().items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    # its group of one meets at a file that mkstemp makes (never mktemp's name, which another process
+    # can take first), in the temporary folder, and that file is gone once the group is
+    (tmp_path / "tmp").mkdir()
+    env = {
+        k: v
+        for k, v in cpu_env(TMPDIR=str(tmp_path / "tmp")).items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+    }
     proc = run("python train_ddp.py", cwd=copy_scripts(tmp_path), env=env)
     assert proc.stdout.splitlines()[0].startswith("train_ddp.py: not started by torchrun")
     check_metrics(tmp_path / "out/train_ddp/run_1", epochs=5, world_size=1, samples=2048)
+    left = list((tmp_path / "tmp").glob("train_ddp-group-*"))  # torch keeps caches of its own there
+    assert left == [], "the one-process group left its file behind"
+    assert "mktemp(" not in (ROOT / "train_ddp.py").read_text()
+
+
+def code_lines(path):
+    """A script's lines of code: its comments, docstrings and blank lines left out."""
+    source = path.read_text()
+    drop, cut, previous = set(), {}, None
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            cut[token.start[0]] = token.start[1]
+            continue
+        statement_start = previous is None or previous.type in (
+            tokenize.NEWLINE,
+            tokenize.INDENT,
+            tokenize.DEDENT,
+        )
+        if token.type == tokenize.STRING and statement_start:  # a docstring, or a string alone
+            drop.update(range(token.start[0], token.end[0] + 1))
+        if token.type not in (tokenize.NL, tokenize.INDENT, tokenize.DEDENT):
+            previous = token
+    lines = (
+        line[: cut.get(n, len(line))].rstrip()
+        for n, line in enumerate(source.splitlines(), 1)
+        if n not in drop
+    )
+    return [line for line in lines if line.strip()]
+
+
+def test_the_twin_diff_adds_at_most_45_lines_of_code():
+    # the conversion, and what every conversion does not need kept out of its way (tagged optional,
+    # or in the plumbing both scripts share): a diff a learner reads in one sitting
+    baseline, ddp = (code_lines(ROOT / script) for script in SCRIPTS)
+    added = [line for line in difflib.unified_diff(baseline, ddp, lineterm="", n=0) if line[:1] == "+"]
+    added = [line for line in added if not line.startswith("+++")]
+    assert 30 < len(added) <= 45, "\n".join(added)
 
 
 def test_only_rank_0_writes_files_or_prints(shared_run):
@@ -110,8 +233,8 @@ def test_only_rank_0_writes_files_or_prints(shared_run):
 def test_checkpoints_are_plain_data_of_the_unwrapped_model(shared_run):
     ddp = default_run(shared_run, 2)
     files = sorted(p.name for p in ddp.out.iterdir())
-    # nothing half-written left behind: every --save_interval 2 epochs, and the last
-    assert files == [".lock", "metrics.jsonl", "model_epoch_2.pt", "model_epoch_4.pt", "model_epoch_5.pt"]
+    # nothing half-written left behind (when each is saved: test_checkpoints_come_when_the_pages_say)
+    assert [name for name in files if not name.startswith("model_epoch_")] == [".lock", "metrics.jsonl"]
     checkpoint = load_checkpoint(ddp.out / "model_epoch_5.pt")  # weights_only=True
     assert checkpoint["epoch"] == 5
     assert {"model_state_dict", "optimizer_state_dict", "config"} <= checkpoint.keys()

@@ -1,4 +1,4 @@
-# check_ddp: exit 1, FAIL step 6 DDP609, see 02
+# check_ddp: exit 1, FAIL step 6 DDP609, see step6_collective_on_rank_zero
 """A blog post's CPU example of "logging the loss properly": each rank sums its loss and its samples
 over the epoch, and the sums are all-reduced, but inside the block that only rank 0 runs, next to the
 print. CPU code (gloo).

@@ -1,4 +1,4 @@
-# check_ddp: exit 1, FAIL step 5 DDP508, see 02
+# check_ddp: exit 1, FAIL step 5 DDP508, see step6_collective_on_rank_zero
 """A course's evaluation loop that logs a running held-out loss after every batch, all-reduced so that
 every rank prints the same: each rank evaluates every world_size-th held-out sample from its rank on,
 in batches. CPU code (gloo).

@@ -1,4 +1,4 @@
-# check_ddp: exit 1, FAIL step 3 DDP305, see 03
+# check_ddp: exit 1, FAIL step 3 DDP305, see step3_missing_set_epoch
 """A course's first DDP exercise: a regression model trained on the CPU with gloo, its update written
 out by hand (no torch.optim: `p -= lr * p.grad`, as the course teaches gradient descent first), and a
 DistributedSampler that shuffles. CPU code.

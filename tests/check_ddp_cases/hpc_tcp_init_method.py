@@ -1,4 +1,4 @@
-# check_ddp: exit 1, FAIL step 1 DDP105, see 01
+# check_ddp: exit 1, FAIL step 1 DDP105, see step1_hardcoded_master_port
 """An HPC centre's example, launched with torchrun but keeping the rendezvous of its mp.spawn days:
 init_process_group(init_method="tcp://127.0.0.1:29411") with RANK and WORLD_SIZE read from torchrun.
 CPU code (gloo), as the centre's login nodes run it.

@@ -1,4 +1,4 @@
-# check_ddp: exit 1, FAIL step 9 DDP902, warn step 5 DDP506, see 11
+# check_ddp: exit 1, FAIL step 9 DDP902, warn step 5 DDP506, see step9_accumulation_without_no_sync
 """nanoGPT-style accumulation, with the line that decides whether a micro-batch all-reduces moved
 below the forward pass: `model.require_backward_grad_sync = (micro_step == K - 1)`, set after
 `logits, loss = model(X, Y)`. GPU only.

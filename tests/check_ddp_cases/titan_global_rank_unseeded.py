@@ -1,4 +1,4 @@
-# check_ddp: exit 1, FAIL step 2 DDP201, FAIL step 3 DDP302, see 04, gpu: FAIL step 3
+# check_ddp: exit 1, FAIL step 2 DDP201, FAIL step 3 DDP302, see step3_unseeded_dataset, gpu: FAIL step 3
 """A torchtitan-style script with two mistakes, one of which only a second node shows: its GPU is
 torch.device("cuda", RANK), and its synthetic dataset is drawn with an unseeded generator. GPU only.
 

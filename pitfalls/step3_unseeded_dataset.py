@@ -1,6 +1,6 @@
-"""Pitfall 4: a dataset drawn with unseeded torch.randn, in every rank.
+"""A pitfall of DDP step 3: a dataset drawn with unseeded torch.randn, in every rank.
 
-    python pitfalls/04_unseeded_dataset.py
+    python pitfalls/step3_unseeded_dataset.py
 
 The guide builds TensorDataset(torch.randn(N, 10), torch.randn(N, 1)) in each process.
 Unseeded, each process draws its own: the sampler shards indices of a dataset that is

@@ -1,6 +1,6 @@
-"""Pitfall 2: a collective inside `if rank == 0:`.
+"""A pitfall of DDP step 6: a collective inside `if rank == 0:`.
 
-    python pitfalls/02_collective_on_rank_zero.py
+    python pitfalls/step6_collective_on_rank_zero.py
 
 Rank 0 saves the checkpoint, and the save routine ends with dist.barrier(). Only rank 0
 reaches that barrier; rank 1 goes on to the next epoch and waits in DDP's next

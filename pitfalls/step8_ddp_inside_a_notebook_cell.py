@@ -1,6 +1,6 @@
-"""Pitfall 14: DDP started inside a notebook cell: mp.spawn of a function the cell defines.
+"""A pitfall of DDP step 8: DDP started inside a notebook cell: mp.spawn of a function the cell defines.
 
-    python pitfalls/14_ddp_inside_a_notebook_cell.py
+    python pitfalls/step8_ddp_inside_a_notebook_cell.py
 
 mp.spawn starts fresh Python processes, and each must import the function it is to run
 by its module's name, here `__main__.train`. A notebook's `__main__` is no file: the

@@ -1,6 +1,6 @@
-"""Pitfall 1: MASTER_ADDR and MASTER_PORT hard-coded in a script that torchrun starts.
+"""A pitfall of DDP step 1: MASTER_ADDR and MASTER_PORT hard-coded in a script that torchrun starts.
 
-    python pitfalls/01_hardcoded_master_port.py
+    python pitfalls/step1_hardcoded_master_port.py
 
 The guide writes os.environ["MASTER_PORT"] = "12355" before init_process_group. torchrun
 has already set MASTER_ADDR/MASTER_PORT to the store it serves, and in torch 2.13 its

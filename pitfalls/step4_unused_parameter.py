@@ -1,6 +1,6 @@
-"""Pitfall 9: a model with a parameter that forward() never uses, wrapped in DDP.
+"""A pitfall of DDP step 4: a model with a parameter that forward() never uses, wrapped in DDP.
 
-    python pitfalls/09_unused_parameter.py
+    python pitfalls/step4_unused_parameter.py
 
 DDP all-reduces each gradient when backward() produces it, and waits for all of them
 before the next step. A parameter that forward() does not use gets no gradient, the

@@ -1,6 +1,6 @@
-"""Pitfall 6: saving model.state_dict() of the DDP-wrapped model.
+"""A pitfall of DDP step 6: saving model.state_dict() of the DDP-wrapped model.
 
-    python pitfalls/06_wrapped_state_dict.py
+    python pitfalls/step6_wrapped_state_dict.py
 
 DDP holds the real model as model.module, so every key of the wrapper's state_dict
 gains a "module." prefix. The checkpoint no longer loads into the bare model: not in

@@ -1,6 +1,6 @@
-"""Pitfall 7: a loss averaged as per-batch means over num_batches * world_size.
+"""A pitfall of DDP step 5: a loss averaged as per-batch means over num_batches * world_size.
 
-    python pitfalls/07_metric_averaging.py
+    python pitfalls/step5_metric_averaging.py
 
 The guide sums each batch's mean loss, all-reduces the sum and divides it by
 num_batches * world_size. That weighs a short last batch as much as a full one, and

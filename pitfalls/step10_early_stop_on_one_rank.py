@@ -1,6 +1,6 @@
-"""Pitfall 8: early stopping decided by each rank on its own validation loss.
+"""A pitfall of DDP step 10: early stopping decided by each rank on its own validation loss.
 
-    python pitfalls/08_early_stop_on_one_rank.py
+    python pitfalls/step10_early_stop_on_one_rank.py
 
 Each rank evaluates its own shard of the validation set, so each sees a different loss
 and stops at a different epoch. The rank that stops first waits in the collective after

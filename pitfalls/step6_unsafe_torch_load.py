@@ -1,6 +1,6 @@
-"""Pitfall 12: torch.load(path, weights_only=False) on a checkpoint you did not write.
+"""A pitfall of DDP step 6: torch.load(path, weights_only=False) on a checkpoint you did not write.
 
-    python pitfalls/12_unsafe_torch_load.py
+    python pitfalls/step6_unsafe_torch_load.py
 
 A checkpoint is a pickle, and unpickling calls whatever functions the file names. With
 weights_only=False, torch.load runs them: here, a harmless open(marker, "w") that

@@ -1,6 +1,6 @@
-"""Pitfall 13: on a CPU, each process using every core: more threads than cores.
+"""A pitfall of DDP step 8: on a CPU, each process using every core: more threads than cores.
 
-    python pitfalls/13_too_many_threads.py
+    python pitfalls/step8_too_many_threads.py
 
 PyTorch gives each process as many threads as there are cores. With N processes on one
 machine that is N times too many: they take turns on the cores, and wait on each other.

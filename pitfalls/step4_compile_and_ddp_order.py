@@ -1,6 +1,6 @@
-"""Pitfall 15: torch.compile and DDP in the wrong order: for an nn.Sequential, nothing compiles.
+"""A pitfall of DDP step 4: torch.compile and DDP in the wrong order: for an nn.Sequential, nothing compiles.
 
-    python pitfalls/15_compile_and_ddp_order.py
+    python pitfalls/step4_compile_and_ddp_order.py
 
 torch.compile hands each graph it captures to its backend; here a counting backend, which
 counts them and runs each as captured (no real compile, which would take minutes). With
@@ -17,8 +17,8 @@ torch 2.13, for a model whose forward is torch's own code, as nn.Sequential's is
 With a Module of your own, whose forward is in your file, torch.compile(DDP(model))
 compiles too (the order PyTorch's DDP notes show): shown as well.
 DDP(torch.compile(model)) has a price: the compiled module's keys gain "_orig_mod.", so
-model.module.state_dict() (pitfall 6's fix) no longer loads into the bare model. Save the
-bare model's: keep a reference to it, or model.module._orig_mod.state_dict().
+model.module.state_dict() (the fix of step6_wrapped_state_dict.py) no longer loads into the
+bare model. Save the bare model's: keep a reference to it, or model.module._orig_mod.state_dict().
 """
 
 import gc

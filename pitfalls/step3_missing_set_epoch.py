@@ -1,6 +1,6 @@
-"""Pitfall 3: a DistributedSampler without sampler.set_epoch(epoch).
+"""A pitfall of DDP step 3: a DistributedSampler without sampler.set_epoch(epoch).
 
-    python pitfalls/03_missing_set_epoch.py
+    python pitfalls/step3_missing_set_epoch.py
 
 DistributedSampler shuffles with a seed plus the epoch it was told. Never told, it stays
 at epoch 0: every epoch visits the same order, the shuffle happens once per job.

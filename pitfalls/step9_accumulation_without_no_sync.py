@@ -1,6 +1,6 @@
-"""Pitfall 11: gradient accumulation without model.no_sync().
+"""A pitfall of DDP step 9: gradient accumulation without model.no_sync().
 
-    python pitfalls/11_accumulation_without_no_sync.py
+    python pitfalls/step9_accumulation_without_no_sync.py
 
 With K micro-batches per optimizer step, DDP all-reduces the gradients in every
 backward(): K times per step, where once would do. The weights come out the same; the

@@ -1,6 +1,6 @@
-"""Pitfall 10: BatchNorm under DDP, without SyncBatchNorm.
+"""A pitfall of DDP step 4: BatchNorm under DDP, without SyncBatchNorm.
 
-    python pitfalls/10_batchnorm_without_sync.py
+    python pitfalls/step4_batchnorm_without_sync.py
 
 BatchNorm normalizes with the statistics of the batch it sees: under DDP, each rank's
 own batch, not the global one. Each rank keeps its own running statistics, and the ones

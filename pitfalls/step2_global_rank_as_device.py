@@ -1,6 +1,6 @@
-"""Pitfall 5: the global rank used as the GPU index: torch.device("cuda", rank), device_ids=[rank].
+"""A pitfall of DDP step 2: the global rank as the GPU index: torch.device("cuda", rank), device_ids=[rank].
 
-    python pitfalls/05_global_rank_as_device.py
+    python pitfalls/step2_global_rank_as_device.py
 
 RANK numbers the processes of the whole job, LOCAL_RANK those of one node. On one node
 they are equal, so the mistake hides; on the second node of a 2 x 2 GPU job, RANK is
@@ -37,7 +37,7 @@ def main():
     endpoint = f"127.0.0.1:{free_port()}"
 
     def node(is_host):  # one torchrun agent, as on one machine of a 2-node job
-        rendezvous = f"--rdzv-backend=c10d --rdzv-endpoint={endpoint} --rdzv-id=pitfall5 --nnodes=2"
+        rendezvous = f"--rdzv-backend=c10d --rdzv-endpoint={endpoint} --rdzv-id=global_rank_device --nnodes=2"
         options = (*rendezvous.split(), f"--rdzv-conf=is_host={is_host}")
         return torchrun(__file__, "worker", nproc=2, options=options)
 

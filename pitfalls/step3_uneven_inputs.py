@@ -1,6 +1,6 @@
-"""Pitfall 16: uneven inputs: ranks that run different numbers of batches hang in the next collective.
+"""A pitfall of DDP step 3: uneven inputs: ranks with different batch counts hang in the next collective.
 
-    python pitfalls/16_uneven_inputs.py
+    python pitfalls/step3_uneven_inputs.py
 
 Each rank takes its own slice of the dataset, here Subset(dataset, range(rank, N, world_size)):
 with 9 samples, rank 0 gets 5 and rank 1 gets 4, so 3 batches of 2 against 2 (a sampler
