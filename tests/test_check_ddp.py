@@ -428,6 +428,30 @@ def test_the_readmes_conversion_in_its_gpu_form_passes_on_a_cpu(tmp_path):
     assert (tmp_path / "ckpt.pt").exists()  # the job ran for real
 
 
+def as_it_reads_anywhere(report):
+    """A check's report without what changes from run to run: its times, its job's folder, and the
+    way its lines wrap around them."""
+    report = re.sub(r"\n +", " ", report.strip())  # each step's line whole
+    report = re.sub(r"\S*(pitfalls/\w+\.py)", r"\1", report)  # the pitfalls as the project names them
+    report = re.sub(r"\b\d+\.\d s\b", "N s", report)
+    return re.sub(r"/\S*check_ddp-\w+/", "FOLDER/", report)
+
+
+@pytest.mark.slow
+def test_the_readmes_report_is_what_a_real_check_prints(tmp_path):
+    """The README's sample report, whole: train_ddp.py less its set_epoch line, checked as the
+    README says, prints it, but for its times and its folder."""
+    script = (ROOT / "train_ddp.py").read_text().splitlines(keepends=True)
+    (tmp_path / "my_train.py").write_text(
+        "".join(line for line in script if "sampler.set_epoch(" not in line)
+    )
+    shown = re.search(r"<!-- check-report -->\n```text\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    command, _, report = shown.group(1).partition("\n")
+    argv = command.removeprefix("$ python ").split()
+    proc = run([sys.executable, str(CHECK), *argv[1:]], cwd=tmp_path, env=cpu_env(), expect=1, timeout=150)
+    assert as_it_reads_anywhere(report) == as_it_reads_anywhere(proc.stdout)
+
+
 def test_check_ddp_passes_our_train_ddp(tmp_path):
     """train_ddp.py takes its GPU path wherever CUDA is there, stood in here: every step is judged, ok."""
     work = copy_scripts(tmp_path)

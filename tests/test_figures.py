@@ -26,6 +26,7 @@ README, TESTS_README, BENCHMARKS_README = (
     ROOT / "tests/README.md",
     ROOT / "benchmarks/README.md",
 )
+CHECK_PAGE, TROUBLESHOOTING = ROOT / "docs/check-ddp.md", ROOT / "docs/troubleshooting.md"
 KEPT_REGION = re.compile(r"<!-- kept: (\S+) -->\n(.*?)<!-- end kept -->\n?", flags=re.S)
 # the README's sample report of check_ddp.py: test_notebook.py and test_check_ddp.py tie it to a real one
 SAMPLE_REPORT = re.compile(r"<!-- check-report -->\n```text\n.*?^```$", flags=re.S | re.M)
@@ -127,7 +128,7 @@ def suite_figures():
     meta_test = sum(t for name, t in full["test_faults"]["cases"].items() if "never_fired" in name)
     not_kept = sorted(p.stem + ".py" for p in (ROOT / "tests").glob("test_*.py") if p.stem not in full)
     return {
-        README: [f"a quick tier of {quick['seconds']:.0f} s"],
+        README: [],  # the learner's path states no time: tests/README.md does
         TESTS_README: [
             f"{quick['seconds']:.0f} s for {quick['tests']} tests",
             f"on {', '.join(quick['days'])}, load average {low:.1f} to {high:.1f}",
@@ -146,10 +147,10 @@ def traced():
     """Each page's figures, each in the words that state it, computed from the kept runs and the code."""
     cost = kept("benchmarks/check_cost.kept.json")["median_s"]
     figures = suite_figures()
-    figures[README] += [
-        f"about one run ({cost['check']:.1f} s against {cost['run']:.1f} s",
-        f"after {nccl_default().total_seconds() / 60:.0f} minutes",  # the Troubleshooting rows: torch's
-        f"after {default_pg_timeout.total_seconds() / 60:.0f} minutes",  # defaults (test_troubleshooting.py)
+    figures[CHECK_PAGE] = [f"About one run: {cost['check']:.1f} s against {cost['run']:.1f} s"]
+    figures[TROUBLESHOOTING] = [
+        f"after {nccl_default().total_seconds() / 60:.0f} minutes",  # the rows of a hang: torch's defaults
+        f"after {default_pg_timeout.total_seconds() / 60:.0f} minutes",  # (test_troubleshooting.py)
     ]
     run_limit = inspect.signature(helpers.run).parameters["timeout"].default
     figures[TESTS_README] += [
