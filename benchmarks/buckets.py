@@ -10,7 +10,7 @@ default), in an order rotated from round to round, with --profile, which records
 of epoch 2; the regimes are benchmark.py's. From each run it reads
 - from each rank's trace: its all-reduces per optimizer step (the buckets), their time per step,
   and the share of that time hidden under backward (the notebook's numbers, from
-  walkthrough_helpers.py);
+  traces.py);
 - from metrics.jsonl: samples/s, the median of the epochs after the recorded one.
 It prints a table of medians, with min and max over the rounds, writes OUT/buckets.json, and keeps
 the first round's traces (OUT/<case>/trace_rank*.json) and their timeline, OUT/timeline.png.
@@ -61,7 +61,7 @@ parser.add_argument(
     "--keep", metavar="FILE", help="also write the table, date, machine and load to FILE (JSON)"
 )
 args = parser.parse_args()
-kept = Kept(args.keep and os.path.abspath(args.keep))  # before the chdir below
+kept = Kept(args.keep and os.path.abspath(args.keep))
 cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
 if cuda and not torch.cuda.is_available():
     parser.error("--device cuda: PyTorch sees no CUDA GPU on this machine; use --device cpu")
@@ -69,9 +69,9 @@ regime = args.regime or ("large" if cuda else "wide")
 nproc = args.nproc or min(2, torch.cuda.device_count() if cuda else os.cpu_count())
 caps = args.caps.split(",")
 out = Path(args.out).resolve()
-os.chdir(ROOT)  # walkthrough_helpers makes the notebook's out/ folder where it is imported: here, ROOT's
+os.chdir(ROOT)  # the runs below are the project's commands, run from its folder
 sys.path.insert(0, str(ROOT))
-from walkthrough_helpers import communication, draw_timelines, read_traces  # noqa: E402
+from traces import communication, draw_timelines, read_traces  # noqa: E402
 
 if cuda:
     machine = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name()}, nccl"

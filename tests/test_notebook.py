@@ -61,9 +61,11 @@ def execute(notebook, folder, **settings):
 
 
 def copy_project(dest):
-    """What the notebook reads: itself, its helpers, the twin scripts, the checker and the pitfalls."""
+    """What the notebook reads: itself, its helpers (and traces.py), the twin scripts, the checker and
+    the pitfalls."""
     shutil.copy(NOTEBOOK, dest / NOTEBOOK.name)
-    shutil.copy(ROOT / "walkthrough_helpers.py", dest / "walkthrough_helpers.py")
+    for helper in ("walkthrough_helpers.py", "traces.py"):
+        shutil.copy(ROOT / helper, dest / helper)
     shutil.copy(ROOT / "check_ddp.py", dest / "check_ddp.py")
     shutil.copytree(ROOT / "pitfalls", dest / "pitfalls", ignore=shutil.ignore_patterns("__pycache__"))
     return copy_scripts(dest)
@@ -262,9 +264,14 @@ def test_a_failed_run_fails_its_cell(tmp_path):
 
 def test_the_figures_go_where_walkthrough_figures_says(tmp_path):
     notebook = nbformat.v4.new_notebook(
-        cells=[plumbing_cell(), nbformat.v4.new_code_cell("print(FIGURES)")],
+        cells=[
+            plumbing_cell(),
+            nbformat.v4.new_code_cell("print(FIGURES)"),
+            nbformat.v4.new_code_cell("fresh('x')"),
+        ],
         metadata=read_notebook().metadata,
     )
     execute(notebook, copy_project(tmp_path), WALKTHROUGH_FIGURES="figures")
-    assert outputs(notebook.cells[-1]) == "figures\n"
+    assert outputs(notebook.cells[1]) == "figures\n"
+    # made by the notebook's first run (fresh), not by importing its plumbing
     assert (tmp_path / "figures").is_dir() and (tmp_path / "out/walkthrough").is_dir()

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import torch
-from helpers import ROOT, load_checkpoint, read_metrics
+from helpers import ROOT, load_checkpoint, read_metrics, run
 from test_twins import default_run
 
 # the wide model at batch 256 a process: 8 batches an epoch on each of 2 ranks, so that batches 3 to 6
@@ -25,17 +25,19 @@ TRAIN_DDP = ROOT / "train_ddp.py"
 
 
 @pytest.fixture(scope="module")
-def drawing(tmp_path_factory):
-    """walkthrough_helpers, the notebook's plumbing, imported in a folder of its own (importing it
-    makes the notebook's out/ folder where it runs)."""
-    folder = tmp_path_factory.mktemp("drawing")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(folder)
-        patch.syspath_prepend(str(ROOT))
-        sys.modules.pop("walkthrough_helpers", None)
-        import walkthrough_helpers
+def drawing():
+    """traces.py, which the notebook, the benchmark and these tests read traces with."""
+    import traces
 
-        yield walkthrough_helpers
+    return traces
+
+
+def test_importing_the_notebooks_plumbing_makes_nothing(tmp_path):
+    """walkthrough_helpers (and traces, which it imports) define what they define; folders are made
+    when something is written, by the notebook's first run."""
+    code = "import sys; sys.path.insert(0, sys.argv[1]); import walkthrough_helpers, traces"
+    run([sys.executable, "-c", code, str(ROOT)], cwd=tmp_path)
+    assert not list(tmp_path.iterdir())
 
 
 def traces(run, drawing):
