@@ -108,6 +108,8 @@ KEEP_LAUNCH = os.environ.get("CHECK_DDP_KEEP_LAUNCH") == "1"
 
 
 def main(argv=None):
+    if hasattr(signal, "SIGPIPE"):  # a report piped into head ends quietly, as other tools' do
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     parser = argparse.ArgumentParser(
         prog="check_ddp.py",
         description=__doc__.splitlines()[0],
@@ -132,7 +134,8 @@ def main(argv=None):
     parser.add_argument(
         "--nnodes",
         type=int,
-        help="nodes to show the processes as, as many processes on each (default: 2 on the CPU, 1 on GPUs)",
+        help="nodes to show the processes as, as many processes on each (default: 2 on the CPU, or one a "
+        "process for an odd number; 1 on GPUs)",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="show the job's own output as it runs")
     parser.add_argument(
@@ -335,7 +338,10 @@ def set_aside(options, job):
 def run_job(options, aside=()):
     gpus = visible_gpus(options)
     device = "cuda" if gpus >= options.nproc else "cpu"
-    nnodes = 1 if "layout" in aside else options.nnodes or (2 if device == "cpu" else 1)
+    # on the CPU, two nodes (or, for an odd number of processes, a node each), so that RANK and
+    # LOCAL_RANK differ; on GPUs, the one machine they are on
+    rehearsed = (2 if options.nproc % 2 == 0 else options.nproc) if device == "cpu" else 1
+    nnodes = 1 if "layout" in aside else options.nnodes or rehearsed
     folder = Path(tempfile.mkdtemp(prefix="check_ddp-"))
     site = folder / "site"
     site.mkdir()
