@@ -425,7 +425,7 @@ def load_checkpoint(path, args, model, optimizer, device):
     except Exception as error:  # torch's own messages do not say which of these it is
         raise Refused(
             f"--resume {path}: refused, loading it would run code; ours hold only data"
-            if "unsupported GLOBAL" in str(error)
+            if "unsupported global" in str(error).lower()
             else f"--resume {path}: not a whole checkpoint of these scripts (empty, cut short, other)"
         ) from None
     if width != args.hidden_size:

@@ -2,6 +2,7 @@
 DDP equals one big batch, a job survives a killed worker, two nodes equal one, and bad
 input gets a clear error instead of a hang."""
 
+import io
 import os
 import re
 import socket
@@ -240,6 +241,7 @@ def bad_files(work, shared_run):
     torch.save(torch.ones(3), bad / "tensor.pt")
     (bad / "a_file").write_text("")
     torch.save({"epoch": 1, "payload": RunsCode()}, bad / "evil.pt")
+    torch.save({"epoch": 1, "payload": OpensAFile()}, bad / "opens.pt")
     # the right keys, the wrong contents: a checkpoint of a run of the default width, changed
     fits = shared_run(baseline_run()).out / "model_epoch_2.pt"
     checkpoint = torch.load(fits, weights_only=True)
@@ -261,6 +263,14 @@ class RunsCode:
         return (os.system, ("touch PWNED",))
 
 
+class OpensAFile:
+    """Unpickled without weights_only, this would open (and empty) a file: as the pitfall of DDP step 6
+    builds it (torch names it otherwise than os.system: "Unsupported global")."""
+
+    def __reduce__(self):
+        return (io.open, ("PWNED", "w"))
+
+
 BAD_INPUT = [
     ("--batch_size 0", "must be a whole number of at least 1"),
     ("--batch_size -3", "must be a whole number of at least 1"),
@@ -277,6 +287,7 @@ BAD_INPUT = [
     ("--resume bad/tensor.pt", "not a whole checkpoint"),
     ("--resume narrow/model_epoch_1.pt", "was trained with --hidden_size 32"),
     ("--resume bad/evil.pt", "refused, loading it would run code"),
+    ("--resume bad/opens.pt", "refused, loading it would run code"),
     ("--resume bad/wrong_shape.pt", "does not fit this model: size mismatch for 0.weight"),
     ("--resume bad/no_epoch.pt", "not a whole checkpoint"),
     ("--resume bad/bad_momentum.pt", "does not fit this model: a momentum buffer of shape (3,)"),
