@@ -30,7 +30,8 @@ import torch
 from helpers import ROOT, copy_scripts, cpu_env, run, selected
 
 CHECK = ROOT / "check_ddp.py"
-CASES = sorted((ROOT / "tests" / "check_ddp_cases").glob("*.py"))
+CASES_DIR = ROOT / "tests" / "check_ddp_cases"
+CASES = sorted(CASES_DIR.glob("*.py"))
 JOBS = ROOT / "tests" / "check_ddp_jobs"
 
 # The codes no case reaches yet, on a machine without GPUs: this list only shrinks (a case for
@@ -303,6 +304,10 @@ def reports(request, tmp_path_factory):
             )
             for params in selected(request, test)
         ]
+        chosen += [
+            CASES_DIR / f"{p['case']}.py"
+            for p in selected(request, test_the_watcher_records_today_what_it_recorded)
+        ]
         for case in dict.fromkeys(chosen):
             folder = tmp_path_factory.mktemp(case.stem)
             shutil.copy(case, folder / case.name)
@@ -330,6 +335,46 @@ def test_check_ddp_on_a_script_in_another_style(reports, case):
     assert said(json.loads(again.stdout)["findings"]) == said(
         report["findings"]
     )  # (see: is relative to where)
+
+
+# What the watcher records today, against what it recorded for tests/check_ddp_jobs/: the replays above
+# judge the recordings, so a watcher that records otherwise must be recorded again. A sample of the
+# cases that end well, compared record by record, what changes from run to run masked.
+RECORDED_SAMPLE = ["mnist_ok", "trainer_ok", "titan_ok", "references_ok", "detectron_infinite_sampler_ok"]
+
+
+def as_recorded(folder):
+    """Each rank's records, as a run of the same job would record them again: without where the main
+    thread was twice a second, the port torchrun picked, the seconds, the folders files were in, and
+    the weights' values at the end (an unseeded model starts anywhere; DDP makes the ranks alike)."""
+    masked = {}
+    for path in sorted(Path(folder).glob("rank*.jsonl")):
+        records = []
+        for line in path.read_text().splitlines():
+            e = json.loads(line)
+            if e["e"] in ("now", "ddp_freed"):  # twice a second; freed when the collector gets to it
+                continue
+            e.pop("seconds", None)
+            if e["e"] == "exit" and e["weights"]:  # a model initialised unseeded: rank 0's, broadcast
+                e["weights"] = e["weights"]["count"]
+            if e["e"] == "start":
+                e["env"] = {k: v for k, v in e["env"].items() if not k.startswith("MASTER")}
+            for key in ("path", "source"):
+                if isinstance(e.get(key), str):
+                    e[key] = Path(e[key]).name
+            records.append(e)
+        masked[path.name] = records
+    return masked
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", RECORDED_SAMPLE)
+def test_the_watcher_records_today_what_it_recorded(reports, case):
+    _, report = reports[case].result()
+    today, recorded = as_recorded(job_folder(report)), as_recorded(JOBS / case)
+    assert today == recorded, (
+        f"the watcher records otherwise now: re-record (python tests/record_check_ddp_jobs.py {case})"
+    )
 
 
 # The cases that run as CPU code too (plain torchrun, no GPU: CPU-aware, or CPU code), and end well
