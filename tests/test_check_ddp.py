@@ -315,15 +315,11 @@ def reports(request, tmp_path_factory):
         yield futures
 
 
-# the quick tier (not slow) checks one case live: the README's mistake, in another style than ours
-QUICK = "mnist_no_set_epoch"
-
-
-@pytest.mark.parametrize(
-    "case",
-    [case if case.stem == QUICK else pytest.param(case, marks=pytest.mark.slow) for case in CASES],
-    ids=[case.stem for case in CASES],
-)
+# live, every case is the slow tier's: the quick tier watches live only train_ddp.py and the README's
+# conversion (above), and the watcher in one process (test_check_ddp_watcher.py); it judges every
+# case's recorded job, in milliseconds, so that every rule is checked on every change
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES, ids=[case.stem for case in CASES])
 def test_check_ddp_on_a_script_in_another_style(reports, case):
     proc, report = reports[case.stem].result()
     assert_says_what_the_case_states(case, proc.returncode, steps_of(report["findings"]), proc.stdout)
