@@ -173,11 +173,14 @@ def main(argv=None):
         if not (folder / "job.json").is_file():
             parser.error(f"{options.judge}: not the folder of a job (it has no job.json)")
         made, ours = Job.made_by(folder), (FORMAT, recorder())
-        if made != ours:
-            parser.error(
-                f"{options.judge}: recorded by another version of check_ddp.py (format {made[0]}, recorder "
-                f"{made[1]}; this one's: {ours[0]}, {ours[1]}): check the script again with this one"
+        if made != ours:  # not a mistake in the command: one line, no usage
+            print(
+                f"check_ddp.py: {options.judge}: recorded by another version of check_ddp.py (format "
+                f"{made[0]}, recorder {made[1]}; this one's: {ours[0]}, {ours[1]}): check the script again "
+                "with this one",
+                file=sys.stderr,
             )
+            sys.exit(2)
         job = Job.load(folder)
     else:
         if options.script is None:

@@ -285,8 +285,20 @@ def test_judge_refuses_a_folder_that_is_not_a_job(tmp_path):
     assert "not the folder of a job" in proc.stderr
 
 
+def test_judge_refuses_a_job_of_another_recorder_in_one_line(tmp_path):
+    """A job folder sent with a question may come from another version: judged by rules that read
+    other records it would be judged wrong, so --judge says so, in one line, and judges nothing."""
+    folder = shutil.copytree(JOBS / "mnist_ok", tmp_path / "job")
+    saved = json.loads((folder / "job.json").read_text())
+    (folder / "job.json").write_text(json.dumps({**saved, "recorder": "0123456789ab"}))
+    proc = run([sys.executable, str(CHECK), "--judge", str(folder)], cwd=tmp_path, expect=2)
+    assert proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and "recorded by another version" in proc.stderr, proc.stderr
+    assert "check the script again" in proc.stderr
+
+
 # -----------------------------------------------------------------------------
-# live: check_ddp.py runs each case under torchrun (the slow tier, but for one case)
+# live: check_ddp.py runs each case under torchrun (the slow tier)
 
 
 @pytest.fixture(scope="module")
