@@ -234,6 +234,7 @@ def plot_losses(baseline, runs, keys, title):
         for label, out_dir in runs.items():
             ax.plot(epochs, [r[key] for r in metrics(out_dir)], "o--", label=label)
         ax.set(xlabel="epoch", ylabel=f"{names[key]} (MSE)", yscale="log", xticks=epochs, title=names[key])
+        ax.tick_params(labelleft=True, which="both")  # one scale, read on every panel
         ax.legend()
     fig.suptitle(title)
     fig.tight_layout()
