@@ -3346,14 +3346,15 @@ def crash_phase(facts, rank):
 
 def needs_gpu(event):
     """An error that says CUDA or NCCL is missing (this torch has neither), or that the stand-in lacks
-    something, whichever call raised it: the script's own GPU code, torch's, a CUDA extension's,
+    something, or that a GPU machine's own program is (nvidia-smi, rocm-smi: run by the script, not
+    found here), whichever call raised it: the script's own GPU code, torch's, a CUDA extension's,
     Triton's. Not the script's own raise (its check of what it was given), nor the errors the stand-in
     acts out for a GPU the node does not have (check_ddp: ...), which are the script's."""
     text = f"{event['type']}: {event['message']}" if event else ""
     return bool(
         event
         and event["raised"] != "raise"
-        and re.search(r"CUDA|NVIDIA|NCCL|nccl|cuda|GPU|[Tt]riton|StandIn", text)
+        and re.search(r"CUDA|NVIDIA|NCCL|nccl|cuda|GPU|[Tt]riton|StandIn|'(nvidia|rocm)-smi'", text)
         and "(check_ddp: " not in event["message"]
         and "SyncBatchNorm" not in event["message"]
         and not re.search(r"out of memory", event["message"])
@@ -3992,6 +3993,8 @@ def overlapping_shards(f):
             continue
         some = next(iter(loader["made"].values()))
         for n in range(min(len(p) for p in passes.values())):
+            if repeats_on_purpose({r: p[n] for r, p in passes.items()}, some["length"], f.world):
+                continue
             for k, sets in enumerate(
                 shards_of_a_pass(f, {r: p[n] for r, p in passes.items()}, some["length"])
             ):
@@ -4017,6 +4020,22 @@ def overlapping_shards(f):
                     f"{what} (DataLoader at {f.code(some['at'])}): each rank trains on the same data",
                 )
     return None
+
+
+def repeats_on_purpose(drawn, length, world):
+    """Whether a pass's shards overlap by the sampler's design: repeated augmentation (DeiT's
+    RASampler), where each sample goes to several ranks, each to augment it its own way. Its mark, in
+    what the ranks drew: within each rank's first share of the data (its size / N; the size, where
+    the loader did not say it, as many samples as the ranks drew), the rank draws some samples more
+    than once, and no two ranks draw the same sequence. A loader with no DistributedSampler has each
+    rank draw the whole data, each sample once; ranks told the wrong world draw whole shards, each
+    sample once; a never-ending stream's pass repeats only after a share; a sampler that draws with
+    replacement alike on every rank draws the same sequence."""
+    sequences = [tuple(indices) for indices in drawn.values()]
+    share = -(-(length or len(set().union(*sequences))) // max(1, world))
+    return len(set(sequences)) == len(sequences) and all(
+        len(set(indices[:share])) < len(indices[:share]) for indices in sequences
+    )
 
 
 def shards_of_a_pass(f, drawn, length):
@@ -4144,6 +4163,11 @@ def step_3_summary(f):
             continue  # passes whose indices the check did not see
         how = "DistributedSampler" if some["distributed"] else some["sampler"]
         detail = f"{how}: disjoint shards of {longest} samples a rank"
+        if repeats_on_purpose({r: p[0] for r, p in passes.items() if p}, some["length"], f.world):
+            detail = (
+                f"{how}: shards of {longest} draws a rank that repeat samples on purpose, within and "
+                "between ranks (repeated augmentation: each copy augmented anew)"
+            )
         if some["length"]:
             detail += f", of {some['length']}"
         if len(orders) >= 2:
