@@ -416,6 +416,23 @@ def printed(output):
     ]
 
 
+def run_as_it_is(case, folder):
+    """The case under plain torchrun. torch 2.13 may abort a worker as Python shuts down, after the
+    script's last line ("terminate called without an active exception"; pytorch/pytorch#190489, which
+    train_ddp.py works around): such a run says nothing of what the script prints, and runs again, once."""
+    for _ in range(2):
+        proc = run(
+            ["torchrun", "--standalone", "--nproc_per_node=2", case.name],
+            cwd=folder,
+            timeout=120,
+            expect=None,
+        )
+        if "terminate called without an active exception" not in proc.stderr:
+            break
+    assert proc.returncode == 0, f"{case.name} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", CPU_CASES, ids=[case.stem for case in CPU_CASES])
 def test_the_watcher_changes_nothing_a_script_prints(reports, case, tmp_path):
@@ -424,7 +441,7 @@ def test_the_watcher_changes_nothing_a_script_prints(reports, case, tmp_path):
     same lines, its losses to the last digit among them."""
     _, report = reports[case.stem].result()
     shutil.copy(case, tmp_path / case.name)
-    plain = run(["torchrun", "--standalone", "--nproc_per_node=2", case.name], cwd=tmp_path, timeout=120)
+    plain = run_as_it_is(case, tmp_path)
     watched = (job_folder(report) / "output.log").read_text()
     assert printed(plain.stdout + plain.stderr), "the case prints nothing to compare"
     assert sorted(printed(watched)) == sorted(printed(plain.stdout + plain.stderr))
