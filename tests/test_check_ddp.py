@@ -416,21 +416,23 @@ def printed(output):
     ]
 
 
-def run_as_it_is(case, folder):
-    """The case under plain torchrun. torch 2.13 may abort a worker as Python shuts down, after the
-    script's last line ("terminate called without an active exception"; pytorch/pytorch#190489, which
-    train_ddp.py works around): such a run says nothing of what the script prints, and runs again, once."""
-    for _ in range(2):
-        proc = run(
-            ["torchrun", "--standalone", "--nproc_per_node=2", case.name],
-            cwd=folder,
-            timeout=120,
-            expect=None,
-        )
-        if "terminate called without an active exception" not in proc.stderr:
-            break
-    assert proc.returncode == 0, f"{case.name} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
-    return proc
+# torch 2.13 may abort a worker as Python shuts down, after the script's last line: its gloo threads
+# still alive (pytorch/pytorch#190489, which train_ddp.py works around); seen in 2 of 2 plain runs of
+# mnist_no_set_epoch on one day, in none on another
+SHUTDOWN_ABORT = "terminate called without an active exception"
+
+
+def printed_as_it_is(case, folder):
+    """What the case prints under plain torchrun: all of it, up to an abort at Python's shutdown, if
+    torch aborted it there (after the script's last line: torchrun's report of it is not the script's)."""
+    proc = run(
+        ["torchrun", "--standalone", "--nproc_per_node=2", case.name], cwd=folder, timeout=120, expect=None
+    )
+    ended = proc.stderr.split(SHUTDOWN_ABORT)[0]
+    assert proc.returncode == 0 or SHUTDOWN_ABORT in proc.stderr, (
+        f"{case.name} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    )
+    return printed(proc.stdout + ended)
 
 
 @pytest.mark.slow
@@ -441,10 +443,10 @@ def test_the_watcher_changes_nothing_a_script_prints(reports, case, tmp_path):
     same lines, its losses to the last digit among them."""
     _, report = reports[case.stem].result()
     shutil.copy(case, tmp_path / case.name)
-    plain = run_as_it_is(case, tmp_path)
+    plain = printed_as_it_is(case, tmp_path)
     watched = (job_folder(report) / "output.log").read_text()
-    assert printed(plain.stdout + plain.stderr), "the case prints nothing to compare"
-    assert sorted(printed(watched)) == sorted(printed(plain.stdout + plain.stderr))
+    assert plain, "the case prints nothing to compare"
+    assert sorted(printed(watched)) == sorted(plain)
 
 
 # What the README's conversion leaves out ("an ordinary training script"), made concrete: its data,
