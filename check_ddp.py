@@ -3993,11 +3993,10 @@ def overlapping_shards(f):
             continue
         some = next(iter(loader["made"].values()))
         for n in range(min(len(p) for p in passes.values())):
-            if repeats_on_purpose({r: p[n] for r, p in passes.items()}, some["length"], f.world):
+            drawn = {r: p[n] for r, p in passes.items()}
+            if repeats_on_purpose(drawn, some["length"], f.world):
                 continue
-            for k, sets in enumerate(
-                shards_of_a_pass(f, {r: p[n] for r, p in passes.items()}, some["length"])
-            ):
+            for k, sets in enumerate(shards_of_a_pass(f, drawn, some["length"])):
                 ranks = sorted(sets)
                 shared = max(len(sets[a] & sets[b]) for a in ranks for b in ranks if a < b)
                 if shared <= f.world - 1:  # no more than DistributedSampler's padding can repeat
@@ -4162,12 +4161,13 @@ def step_3_summary(f):
         if not longest:
             continue  # passes whose indices the check did not see
         how = "DistributedSampler" if some["distributed"] else some["sampler"]
-        detail = f"{how}: disjoint shards of {longest} samples a rank"
         if repeats_on_purpose({r: p[0] for r, p in passes.items() if p}, some["length"], f.world):
             detail = (
                 f"{how}: shards of {longest} draws a rank that repeat samples on purpose, within and "
                 "between ranks (repeated augmentation: each copy augmented anew)"
             )
+        else:
+            detail = f"{how}: disjoint shards of {longest} samples a rank"
         if some["length"]:
             detail += f", of {some['length']}"
         if len(orders) >= 2:

@@ -417,8 +417,8 @@ def printed(output):
 
 
 # torch 2.13 may abort a worker as Python shuts down, after the script's last line: its gloo threads
-# still alive (pytorch/pytorch#190489, which train_ddp.py works around); seen in 2 of 2 plain runs of
-# mnist_no_set_epoch on one day, in none on another
+# still alive (pytorch/pytorch#190489, which train_ddp.py works around); seen on 2026-12-02 in fresh-clone
+# runs, once on mnist_legacy_local_rank and twice in a row on mnist_no_set_epoch, never under the check
 SHUTDOWN_ABORT = "terminate called without an active exception"
 
 
