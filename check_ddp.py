@@ -34,6 +34,10 @@ How it works, in the order the data flows (the sections of this file, in this or
 2. record: in each worker, watch() puts WRAPPERS around what a DDP script calls, one small
    function per call, each declaring its step and the label a report prints (CALLS). Each
    writes records of the kinds that SCHEMA declares, the contract between watcher and judge.
+   2b. the stand-in (without GPUs): one StandIn object, with its own state (the node's GPUs,
+   where each tensor would be), puts CPU versions of CUDA and NCCL in torch's place, declared
+   in WRAPPERS as the watcher's wrappers are (@stands_in, @replaces), and applied first. It
+   says what it stood in for in records of its own; the watcher never reads its state.
 3. judge: Facts reads a job and derives, once, what several rules need (the loaders' passes,
    the crash, where each rank waits). Each RULES entry is one finding: a code (DDP3xx for
    step 3), its verdict, its help, and its docstring, the explanation --explain prints. For
@@ -49,6 +53,7 @@ to tests/check_ddp_cases/ whose first line names the code (tests/check_ddp_cases
 
 import argparse
 import ast
+import collections
 import contextlib
 import functools
 import importlib
@@ -482,11 +487,14 @@ SCHEMA = {
     # (--local_rank, which torchrun never passes): its value, its default, whether it was given
     "read": ("key", "by", "at", "found"),
     "arg": ("option", "value", "default", "given", "at"),
-    # step 2, under the stand-in: a GPU the script asks for (how: set_device, to, cuda, a factory's
+    # step 2, the stand-in's own: a GPU the script asks for (how: set_device, to, cuda, a factory's
     # device=, device_ids, device_id, ...), once per way and line; where the first batch of a model
-    # the script put on a GPU is (cuda:N, or cpu), and where the model is
+    # the script put on a GPU is (cuda:N, or cpu), and where the model is (once a model, and once a
+    # DDP model); the GPUs of the model a DDP model wraps, as the script put it (its "ddp" record
+    # says where it really is: the CPU)
     "gpu": ("how", "index", "at"),
     "input": ("device", "model", "at"),
+    "ddp_gpus": ("at", "devices"),
     # steps 5, 6, 9: a collective the script called itself, after `step` optimizer steps
     "coll": ("name", "at", "step"),
     # step 3: a DataLoader made (its dataset's length and a fingerprint of its data; its
@@ -876,6 +884,7 @@ class Wrapper:
     make: object  # make(original, watcher, name) -> the function put in its place
     compiled_through: bool  # torch.compile must not trace the wrapper, only what it wraps
     standin: bool  # part of the stand-in for CUDA and NCCL: applied only on the CPU, inside the others
+    as_is: bool = False  # the stand-in's: put in place as make() returns it, not a call it wraps
 
 
 WRAPPERS = []  # in the order watch() applies them
@@ -906,9 +915,6 @@ def watches(owner, *names, step, label, compiled_through=False, standin=False):
 PRIVATE = (
     "torch.jit._builtins._get_builtin_table",
     "torch._C._nn._parse_to",
-    "torch.nn.parallel.data_parallel._get_available_device_type",
-    "torch.amp.autocast_mode.autocast",
-    "torch.amp.grad_scaler.GradScaler",
     "torch.nn.modules.batchnorm._BatchNorm.forward",
     "torch.optim.optimizer.register_optimizer_step_post_hook",
     "torch.nn.Module._compiled_call_impl",
@@ -961,13 +967,9 @@ def resolve(dotted):
 class Watcher:
     """What the wrappers of one process share: its recorder, and what the script did so far."""
 
-    def __init__(self, rec, node_gpus=None):
+    def __init__(self, rec):
         self.rec = rec
-        self.node_gpus = node_gpus  # under the stand-in, the GPUs this process's node has; else None
-        self.gpu = 0  # under the stand-in, the current GPU (torch.cuda.set_device)
-        self.asked = set()  # under the stand-in, (how, GPU, line) already recorded
         self.read = set()  # the launch variables already seen read
-        self.replaced = []  # (original, its wrapper)
         self.state = {  # what happened since the last optimizer step
             "backward": 0,
             "synced": 0,
@@ -996,21 +998,25 @@ class Watcher:
         """The DDP models alive."""
         return [m for m in (ref() for ref in self.live_ddp) if m is not None]
 
-    def apply(self, wrapper):
-        owner = resolve(wrapper.owner)
-        original = getattr(owner, wrapper.name, None)
-        if original is None:  # this torch has no such call: never skipped in silence (missing_names)
-            return
-        function = functools.wraps(original)(wrapper.make(original, self, wrapper.name))
+
+def apply(wrapper, by, replaced):
+    """Put a wrapper in place (of the watcher's, or of the stand-in's: `by`, which make() is given)."""
+    owner = resolve(wrapper.owner)
+    original = getattr(owner, wrapper.name, None)
+    if original is None:  # this torch has no such call: never skipped in silence (missing_names)
+        return
+    function = wrapper.make(original, by, wrapper.name)
+    if not wrapper.as_is:
+        function = functools.wraps(original)(function)
         # a code object of its own, so that a frame of it names its call (wrappers share their code)
         function.__code__ = function.__code__.replace(co_name=f"{function.__code__.co_name}_{wrapper.name}")
         CALL_OF_CODE[function.__code__] = wrapper.key
-        if wrapper.compiled_through:
-            import torch
+    if wrapper.compiled_through:
+        import torch
 
-            function = torch.compiler.disable(function, recursive=False)
-        setattr(owner, wrapper.name, function)
-        self.replaced.append((original, function))
+        function = torch.compiler.disable(function, recursive=False)
+    setattr(owner, wrapper.name, function)
+    replaced.append((original, function))
 
 
 def watch():
@@ -1047,15 +1053,16 @@ def watch():
             message=f"this torch has no {name}: check_ddp.py does not know it",
             at=name,
         )
-    watcher = Watcher(rec, node_gpus if standin else None)
+    watcher, replaced = Watcher(rec), []  # replaced: (original, what is in its place)
     # torch.compile traces none of the watcher's own work on a forward
     watcher.note_forward = torch.compiler.disable(functools.partial(note_forward, watcher))
-    if standin:
-        stand_in_for_cuda(watcher)
-    for wrapper in sorted(WRAPPERS, key=lambda wrapper: not wrapper.standin):
-        if standin or not wrapper.standin:
-            watcher.apply(wrapper)
-    keep_torchscript_builtins(watcher)
+    if standin:  # first, so that the watcher's wrapper of a call sees what the script passed
+        stand_in = StandIn(rec, node_gpus)
+        for wrapper in (wrapper for wrapper in WRAPPERS if wrapper.standin):
+            apply(wrapper, stand_in, replaced)
+    for wrapper in (wrapper for wrapper in WRAPPERS if not wrapper.standin):
+        apply(wrapper, watcher, replaced)
+    keep_torchscript_builtins(replaced)
     register_optimizer_step_post_hook(functools.partial(after_step, watcher))
     sys.addaudithook(functools.partial(audit, watcher))
     sys.excepthook = functools.partial(excepthook, watcher, sys.excepthook)
@@ -1064,14 +1071,14 @@ def watch():
     atexit.register(at_exit, watcher)
 
 
-def keep_torchscript_builtins(w):
+def keep_torchscript_builtins(replaced):
     """TorchScript knows torch's own functions (torch.zeros is aten::zeros) by what they are; a wrapper
     of one would be compiled as Python, from a source it cannot find. Each wrapper of such a function
     is the same builtin to it."""
     from torch.jit import _builtins
 
     table = _builtins._get_builtin_table()
-    for original, wrapper in w.replaced:
+    for original, wrapper in replaced:
         if id(original) in table:
             table[id(wrapper)] = table[id(original)]
 
@@ -1389,7 +1396,7 @@ def ddp_init(original, w, _):
         original(self, module, *args, **kwargs)
         with Quietly(w):
             w.live_ddp.append(weakref.ref(self, functools.partial(ddp_freed, w.rec)))
-            drop_hooks(w, module)  # where its first batch came from: DDP's forward says it from now on
+            drop_hooks(w, module)  # one hook a model, however many times it is wrapped
             if getattr(self.module, "_compiled_call_impl", None) is None:  # see drop_hooks
                 hook(w, self.module, functools.partial(bare_forward, w))
             w.weights.extend(self.module.parameters())
@@ -1402,7 +1409,7 @@ def ddp_init(original, w, _):
                 compiled_inside=hasattr(module, "_orig_mod"),
                 device_ids=[str(d) for d in (asked or [])],
                 find_unused_parameters=self.find_unused_parameters,
-                devices=sorted({placed(p) for p in self.module.parameters()}),
+                devices=sorted({str(p.device) for p in self.module.parameters()}),
                 parameters=sum(p.numel() for p in self.module.parameters()),
             )
 
@@ -1439,9 +1446,6 @@ def note_forward(w, ddp, args, kwargs):
         # DDP prepares the all-reduce of the coming backward here, at forward time, or not
         w.state["last"] = bool(ddp.require_backward_grad_sync)
         w.state["prepared"] += w.state["last"]
-        if first is not None and w.state["forward"] == 1 and w.node_gpus:  # stood in: the batch's place
-            model = placed(next(ddp.module.parameters(), first))
-            w.rec.add("input", device=placed(first), model=model, at=where())
         if first is not None and first.numel():
             w.inputs.append(input_sum(first))
 
@@ -1474,7 +1478,7 @@ def hook(w, module, function):
     """A forward pre-hook of the watcher's on one of the script's models, kept beside the model. Its
     copies and pickles never carry it (Module.__getstate__, wrapped below, leaves it out)."""
     handle = module.register_forward_pre_hook(function)
-    w.of.set(module, w.of.get(module) or {"hooks": [], "placed": False})["hooks"].append(handle)
+    w.of.set(module, w.of.get(module) or {"hooks": []})["hooks"].append(handle)
 
 
 def drop_hooks(w, module):
@@ -1503,17 +1507,21 @@ def module_getstate(original, w, _):
     the script made it: without the watcher's hooks, which stay on the original alone."""
 
     def module_getstate(self):
-        state = original(self)
         info = w.of.get(self)
-        if info and info["hooks"]:
-            ours = {handle.id for handle in info["hooks"]}
-            state = dict(state)
-            for name in ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs"):
-                if isinstance(state.get(name), dict):
-                    state[name] = type(state[name])((k, v) for k, v in state[name].items() if k not in ours)
-        return state
+        return without_hooks(original(self), info["hooks"] if info else [])
 
     return module_getstate
+
+
+def without_hooks(state, handles):
+    """A model's state (Module.__getstate__), without the forward pre-hooks of these handles."""
+    if handles:
+        ours = {handle.id for handle in handles}
+        state = dict(state)
+        for name in ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs"):
+            if isinstance(state.get(name), dict):
+                state[name] = type(state[name])((k, v) for k, v in state[name].items() if k not in ours)
+    return state
 
 
 @watches("torch.autograd", "backward", step=4, label="backward()")
@@ -1911,210 +1919,165 @@ def parse_known_args(original, w, _):
 # Where the job has fewer GPUs than processes (or --cpu), each process is shown the GPUs of its
 # node (as many as its node's processes) and runs on the CPU: a GPU the script asks for becomes the
 # CPU (and is recorded, with the line), nccl becomes gloo, torch.cuda answers as a GPU would as far
-# as training goes. A tensor the script puts "on a GPU" keeps its GPU as a tag, placed() reads it:
-# so the judge knows where the model and the batches would be. These are wrappers of the calls that
-# name a device, not a TorchFunctionMode (as torch.utils._device.DeviceContext is): a mode sees
-# every torch call, and a pass-through one measured +56% a step on a small model here; the calls
-# that name a device cost the same with or without the stand-in.
-
-TAGS = Beside()  # the GPU each tensor the script put "on a GPU" is on, kept beside the tensor
-
-
-def placed(tensor):
-    """Where a tensor is, for the script: the GPU it asked for under the stand-in, else its device."""
-    index = TAGS.get(tensor)
-    return f"cuda:{index}" if index is not None else str(tensor.device)
+# as training goes. A tensor the script puts "on a GPU" keeps its GPU beside it: so the judge knows
+# where the model and the batches would be. These are wrappers of the calls that name a device, not
+# a TorchFunctionMode (as torch.utils._device.DeviceContext is): a mode sees every torch call, and a
+# pass-through one measured +56% a step on a small model here; the calls that name a device cost
+# the same with or without the stand-in.
+#
+# The stand-in is one object, StandIn, with a state of its own, and what it puts in torch's place is
+# declared as the watcher's wrappers are (stands_in, replaces: WRAPPERS, looked up by missing_names).
+# It says what it stood in for in records of its own ("gpu", "input", "ddp_gpus", device_count
+# read); the watcher never reads its state, and the judge reads both from the records.
 
 
-def gpu_index(w, device):
-    """The GPU a device names (an int, "cuda", "cuda:1", torch.device), or None if not a GPU."""
-    import torch
-
-    if isinstance(device, int) and not isinstance(device, bool):
-        return device
-    if isinstance(device, str):
-        if not device.startswith("cuda"):
-            return None
-        device = torch.device(device)
-    if isinstance(device, torch.device) and device.type == "cuda":
-        return w.gpu if device.index is None else device.index
-    return None
+def stands_in(owner, *names, step, label, compiled_through=False):
+    """Declare a wrapper of the stand-in's: make(original, stand_in, name), applied before the watcher's."""
+    return watches(owner, *names, step=step, label=label, compiled_through=compiled_through, standin=True)
 
 
-def ask_gpu(w, index, how):
-    """The script asks for a GPU: recorded (once a way and line); one its node lacks fails, as CUDA's
-    own "invalid device ordinal" does."""
-    at = where()
-    if (how, index, at) not in w.asked:
-        w.asked.add((how, index, at))
-        w.rec.add("gpu", how=how, index=index, at=at)
-    if index < 0:
-        raise RuntimeError(f"Device index must not be negative (check_ddp: cuda:{index} asked)")
-    if index >= w.node_gpus:
-        raise RuntimeError(
-            f"CUDA error: invalid device ordinal (check_ddp: cuda:{index} asked, and this node has "
-            f"{w.node_gpus} GPU{'s' if w.node_gpus > 1 else ''}, cuda:0 to cuda:{w.node_gpus - 1})"
-        )
-    return index
+def replaces(owner, *names):
+    """Declare what the stand-in puts in place of owner.name, for each name: make(original, stand_in,
+    name) returns it, as it is (a class, a constant answer: not a call the records name)."""
+
+    def register(make):
+        for name in names:
+            WRAPPERS.append(Wrapper(owner, name, f"{owner}.{name}", make, False, True, as_is=True))
+        return make
+
+    return register
 
 
-def on_gpu(tensor, index):
-    TAGS.set(tensor, index)
-    return tensor
+class StandIn:
+    """A GPU node, for one process of the job, on the CPU: how many GPUs its node has, which one is
+    current, where each tensor the script put "on a GPU" is, and the hook it keeps on each model the
+    script put on one, until that model's first batch."""
 
+    def __init__(self, rec, node_gpus):
+        import torch
 
-@watches("torch.Tensor", "__deepcopy__", step=2, label="copy.deepcopy(tensor)", standin=True)
-@watches("torch.nn.Parameter", "__deepcopy__", step=2, label="copy.deepcopy(tensor)", standin=True)
-def tensor_deepcopy(original, w, _):
-    def tensor_deepcopy(self, memo):
-        copy = original(self, memo)
-        index = TAGS.get(self)
-        return copy if index is None else on_gpu(copy, index)  # a copy of a GPU's tensor: on that GPU
+        self.rec, self.node_gpus = rec, node_gpus
+        self.gpu = 0  # the current GPU (torch.cuda.set_device)
+        self.asked = set()  # (how, GPU, line) already recorded
+        self.counted = False  # torch.cuda.device_count() read by the script: recorded once
+        self.tags = Beside()  # the GPU of each tensor the script put "on a GPU", kept beside it
+        self.hooks = Beside()  # each model put on a GPU: the hook waiting for its first batch, then None
+        self.fed = Beside()  # each DDP model whose first training batch is recorded
+        self.faults = set()  # where its own bookkeeping failed (Quietly)
+        self.rng_state = torch.zeros(16, dtype=torch.uint8)  # a GPU's random generator's state
+        self.autocast, self.scaler = autocast_on_cpu(torch), grad_scaler_on_cpu(torch)
+        # torch.compile traces none of its bookkeeping on a DDP forward
+        self.note_input = torch.compiler.disable(self.note_input)
 
-    return tensor_deepcopy
+    def placed(self, tensor):
+        """Where a tensor is, for the script: the GPU it asked for, else its device."""
+        index = self.tags.get(tensor)
+        return f"cuda:{index}" if index is not None else str(tensor.device)
 
+    def on_gpu(self, tensor, index):
+        self.tags.set(tensor, index)
+        return tensor
 
-@watches("torch.Tensor", "to", step=2, label="tensor.to()", standin=True)
-def tensor_to(original, w, _):
-    def tensor_to(self, *args, **kwargs):
-        index = None
-        if "device" in kwargs:
-            index = gpu_index(w, kwargs["device"])
-            if index is not None:
-                kwargs["device"] = "cpu"
-        elif args and not hasattr(args[0], "is_floating_point"):  # to(device, ...), not to(dtype)/to(tensor)
-            index = gpu_index(w, args[0])
-            if index is not None:
-                args = ("cpu", *args[1:])
-        elif args and TAGS.get(args[0]) is not None:  # to(other): other's place
-            index = TAGS.get(args[0])
-        if index is None:
-            return original(self, *args, **kwargs)
-        ask_gpu(w, index, "to")
-        moved = original(self, *args, **kwargs)
-        if moved is self and TAGS.get(self) != index:
-            moved = self.clone()  # onto another device, a copy: as on a GPU
-        return on_gpu(moved, index)
+    def index(self, device):
+        """The GPU a device names (an int, "cuda", "cuda:1", torch.device), or None if not a GPU."""
+        import torch
 
-    return tensor_to
+        if isinstance(device, int) and not isinstance(device, bool):
+            return device
+        if isinstance(device, str):
+            if not device.startswith("cuda"):
+                return None
+            device = torch.device(device)
+        if isinstance(device, torch.device) and device.type == "cuda":
+            return self.gpu if device.index is None else device.index
+        return None
 
-
-@watches("torch.Tensor", "cuda", step=2, label="tensor.cuda()", standin=True)
-def tensor_cuda(original, w, _):
-    def tensor_cuda(self, device=None, non_blocking=False, memory_format=None):
-        index = ask_gpu(w, w.gpu if device is None else gpu_index(w, device), "cuda")
-        if TAGS.get(self) == index:
-            return self
-        return on_gpu(self.clone(), index)
-
-    return tensor_cuda
-
-
-@watches("torch.Tensor", "pin_memory", "record_stream", step=2, label="tensor.{name}()", standin=True)
-def tensor_itself(original, w, _):
-    def tensor_itself(self, *args, **kwargs):
-        return self  # page-locked memory and streams are a GPU's; on the CPU, nothing to do
-
-    return tensor_itself
-
-
-@watches("torch.nn.Module", "to", "cuda", step=2, label="model.{name}()", standin=True)
-def module_to(original, w, name):
-    import torch
-
-    def module_to(self, *args, **kwargs):
-        if name == "cuda":
-            device = args[0] if args else kwargs.get("device")
-            index = ask_gpu(w, w.gpu if device is None else gpu_index(w, device), "model.cuda")
-            result = self
-        else:
-            if "device" in kwargs and gpu_index(w, kwargs["device"]) is not None:  # to(device=0): cuda:0
-                index, kwargs = gpu_index(w, kwargs["device"]), {**kwargs, "device": "cpu"}
-            elif args and not hasattr(args[0], "is_floating_point") and gpu_index(w, args[0]) is not None:
-                index, args = gpu_index(w, args[0]), ("cpu", *args[1:])
-            else:
-                return original(self, *args, **kwargs)
-            device, dtype, non_blocking, memory_format = torch._C._nn._parse_to(*args, **kwargs)
-            ask_gpu(w, index, "model.to")
-            rest = {"dtype": dtype} if dtype is not None else {}
-            rest.update({"memory_format": memory_format} if memory_format is not None else {})
-            result = original(self, "cpu", non_blocking=non_blocking, **rest)
-        for tensor in (*self.parameters(), *self.buffers()):
-            on_gpu(tensor, index)
-        with Quietly(w):
-            info = w.of.get(self) or w.of.set(self, {"hooks": [], "placed": False})
-            if not info["placed"]:  # where its first batch comes from
-                info["placed"] = True
-                hook(w, self, functools.partial(first_input, w))
-        return result
-
-    return module_to
-
-
-def first_input(w, module, args):
-    """A model on a GPU gets its first batch: where that batch is (on a GPU, both must be on one)."""
-    import torch
-
-    with Quietly(w):
-        drop_hooks(w, module)
-        first = next((a for a in args if isinstance(a, torch.Tensor)), None)
-        if first is not None:
-            w.rec.add(
-                "input", device=placed(first), model=placed(next(module.parameters(), first)), at=where()
+    def ask(self, index, how):
+        """The script asks for a GPU: recorded (once a way and line); one its node lacks fails, as
+        CUDA's own "invalid device ordinal" does."""
+        at = where()
+        if (how, index, at) not in self.asked:
+            self.asked.add((how, index, at))
+            self.rec.add("gpu", how=how, index=index, at=at)
+        if index < 0:
+            raise RuntimeError(f"Device index must not be negative (check_ddp: cuda:{index} asked)")
+        gpus = self.node_gpus
+        if index >= gpus:
+            raise RuntimeError(
+                f"CUDA error: invalid device ordinal (check_ddp: cuda:{index} asked, and this node has "
+                f"{gpus} GPU{'s' if gpus > 1 else ''}, cuda:0 to cuda:{gpus - 1})"
             )
+        return index
 
+    def wait_for_first_batch(self, model):
+        """A model put on a GPU: where its first batch comes from is recorded (once a model)."""
+        with Quietly(self):
+            if self.hooks.get(model, False) is False:
+                self.hooks.set(model, model.register_forward_pre_hook(self.first_input))
 
-# the functions that take a device= (torch.utils._device's list, and their *_like and new_* kin)
-FACTORIES = (
-    "empty", "empty_permuted", "empty_strided", "ones", "zeros", "full", "arange", "range", "linspace",
-    "logspace", "eye", "rand", "randn", "randint", "randperm", "tensor", "as_tensor", "asarray",
-    "scalar_tensor", "empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like",
-    "randint_like", "tril_indices", "triu_indices", "sparse_coo_tensor",
-)  # fmt: skip
+    def first_input(self, module, args):
+        """A model on a GPU gets its first batch: where that batch is (on a GPU, both must be on one)."""
+        import torch
 
+        with Quietly(self):
+            self.drop_hook(module)
+            first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+            if first is not None:
+                model = self.placed(next(module.parameters(), first))
+                self.rec.add("input", device=self.placed(first), model=model, at=where())
 
-@watches("torch", *FACTORIES, step=2, label="torch.{name}(..., device=)", standin=True)
-@watches(
-    "torch.Tensor", "new_empty", "new_zeros", "new_ones", "new_full", "new_tensor", step=2,
-    label="tensor.{name}(..., device=)", standin=True,
-)  # fmt: skip
-def factory(original, w, name):
-    def factory(*args, **kwargs):
-        index = gpu_index(w, kwargs.get("device"))
-        if index is None:
-            return original(*args, **kwargs)
-        ask_gpu(w, index, name)
-        return on_gpu(original(*args, **{**kwargs, "device": "cpu"}), index)
+    def drop_hook(self, module):
+        """Take the hook off a model that is compiled, or wrapped: a hook of a file outside torch makes
+        torch.compile trace a model it would otherwise leave alone (2 graphs where there are 0, for
+        torch.compile(DDP(nn.Sequential))), and the check must not change what it sees."""
+        handle = self.hooks.get(module)
+        if handle:
+            handle.remove()
+            self.hooks.set(module, None)
 
-    return factory
+    def note_input(self, ddp, args, kwargs):
+        """A DDP model's first training forward: where its batch is, and where the model is."""
+        import torch
 
+        with Quietly(self):
+            if torch.is_grad_enabled() and not self.fed.get(ddp):
+                self.fed.set(ddp, True)
+                first = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
+                if first is not None:
+                    model = self.placed(next(ddp.module.parameters(), first))
+                    self.rec.add("input", device=self.placed(first), model=model, at=where())
 
-@watches("torch", "set_default_device", step=2, label="torch.set_default_device()", standin=True)
-def set_default_device(original, w, _):
-    def set_default_device(device):
-        index = gpu_index(w, device)
-        if index is not None:
-            ask_gpu(w, index, "set_default_device")
-            device = "cpu"
-        return original(device)
+    # torch.cuda's functions, as the node's GPUs would answer (CUDA_ANSWERS)
 
-    return set_default_device
+    def set_device(self, device):
+        index = self.index(device)
+        if index is not None and index >= 0:  # set_device(-1), or a cpu device: nothing, as in torch
+            self.gpu = self.ask(index, "set_device")
 
+    @contextlib.contextmanager
+    def current(self, device):
+        before = self.gpu
+        self.set_device(device)
+        yield
+        self.gpu = before
 
-@watches("torch", "load", step=6, label="torch.load()", standin=True)
-def load_on_cpu(original, w, _):
-    def load_on_cpu(f, map_location=None, *args, **kwargs):
-        return original(f, "cpu", *args, **kwargs)  # whatever it names, a GPU's tensors land on the CPU
-
-    return load_on_cpu
-
-
-# torch.cuda, as a node's GPUs would answer
+    def device_count(self):
+        """The node's GPUs. Read, like LOCAL_RANK: a GPU index may come from it."""
+        if not self.counted:
+            self.counted = True
+            self.rec.add("read", key="device_count", by="script", at=where(), found=True)
+        return self.node_gpus
 
 
 class StandInProperties(types.SimpleNamespace):
     """torch.cuda.get_device_properties(): what a stand-in GPU says of itself. A property it lacks
     fails naming this class: the stand-in's gap, reported as not checked, never as the script's."""
+
+
+PROPERTIES = StandInProperties(
+    name="check_ddp stand-in GPU (the CPU)", total_memory=80 * 2**30, major=9, minor=0,
+    multi_processor_count=132, is_integrated=False,
+)  # fmt: skip
 
 
 class StandInEvent:
@@ -2169,99 +2132,67 @@ class StandInStream:
         return False
 
 
-def count_gpus(w):
-    """torch.cuda.device_count(): the node's GPUs. Read, like LOCAL_RANK: a GPU index may come from it."""
-    if "device_count" not in w.read:
-        w.read.add("device_count")
-        w.rec.add("read", key="device_count", by="script", at=where(), found=True)
-    return w.node_gpus
+def nothing(s, *args, **kwargs):
+    return None
 
 
-def standin_cuda(w):
-    """torch.cuda's functions, as the node's GPUs would answer: (name, function) pairs."""
-    import contextlib
-
-    def set_device(device):
-        index = gpu_index(w, device)
-        if index is not None and index >= 0:  # set_device(-1), or a cpu device: nothing, as in torch
-            w.gpu = ask_gpu(w, index, "set_device")
-
-    @contextlib.contextmanager
-    def device(device):
-        before = w.gpu
-        set_device(device)
-        yield
-        w.gpu = before
-
-    def properties(device=None):
-        return StandInProperties(
-            name="check_ddp stand-in GPU (the CPU)", total_memory=80 * 2**30, major=9, minor=0,
-            multi_processor_count=132, is_integrated=False,
-        )  # fmt: skip
-
-    def zero(*args, **kwargs):
-        return 0
-
-    import torch
-
-    rng_state = torch.zeros(16, dtype=torch.uint8)
-
-    def nothing(*args, **kwargs):
-        return None
-
-    answers = {
-        "is_available": lambda: True,
-        "is_initialized": lambda: True,
-        "device_count": functools.partial(count_gpus, w),
-        "current_device": lambda: w.gpu,
-        "set_device": set_device,
-        "device": device,
-        "synchronize": nothing,
-        "Event": StandInEvent,
-        "Stream": StandInStream,
-        "current_stream": lambda device=None: StandInStream(device),
-        "default_stream": lambda device=None: StandInStream(device),
-        "stream": lambda stream=None: contextlib.nullcontext(),
-        "get_device_name": lambda device=None: properties().name,
-        "get_device_properties": properties,
-        "get_device_capability": lambda device=None: (9, 0),
-        "is_bf16_supported": lambda *a, **k: True,
-        "mem_get_info": lambda device=None: (properties().total_memory, properties().total_memory),
-        "memory_summary": lambda *a, **k: "check_ddp: a stand-in GPU has no memory of its own",
-        "memory_stats": lambda *a, **k: __import__("collections").defaultdict(int),
-        # a GPU's own random generator: torch.compile saves and restores it around its tracing
-        "get_rng_state": lambda *a, **k: rng_state.clone(),
-        "get_rng_state_all": lambda *a, **k: [rng_state.clone()] * w.node_gpus,
-        "set_rng_state": nothing,
-        "set_rng_state_all": nothing,
-        "initial_seed": lambda: 0,
-        "utilization": zero,
-    }
-    for name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved"):
-        answers[name] = zero
-    for name in (
-        "init", "empty_cache", "reset_peak_memory_stats", "reset_max_memory_allocated", "seed", "seed_all",
-        "reset_accumulated_memory_stats", "manual_seed", "manual_seed_all", "set_per_process_memory_fraction",
-        "ipc_collect", "set_sync_debug_mode",
-    ):  # fmt: skip
-        answers[name] = nothing
-    # a function object of its own for each name (torch.compile keeps a rule per torch function, and
-    # refuses one object under two names), which answers torch's own code as this torch would
-    import torch
-
-    return {name: for_the_script(answer, getattr(torch.cuda, name, None)) for name, answer in answers.items()}
+def zero(s, *args, **kwargs):
+    return 0
 
 
-def for_the_script(stood_in, real):
+# torch.cuda's functions as the node's GPUs answer them: each called with the stand-in first
+CUDA_ANSWERS = {
+    "is_available": lambda s: True,
+    "is_initialized": lambda s: True,
+    "device_count": StandIn.device_count,
+    "current_device": lambda s: s.gpu,
+    "set_device": StandIn.set_device,
+    "device": StandIn.current,
+    "Event": lambda s, *args, **kwargs: StandInEvent(*args, **kwargs),
+    "Stream": lambda s, *args, **kwargs: StandInStream(*args, **kwargs),
+    "current_stream": lambda s, device=None: StandInStream(device),
+    "default_stream": lambda s, device=None: StandInStream(device),
+    "stream": lambda s, stream=None: contextlib.nullcontext(),
+    "get_device_name": lambda s, device=None: PROPERTIES.name,
+    "get_device_properties": lambda s, device=None: PROPERTIES,
+    "get_device_capability": lambda s, device=None: (PROPERTIES.major, PROPERTIES.minor),
+    "is_bf16_supported": lambda s, *args, **kwargs: True,
+    "mem_get_info": lambda s, device=None: (PROPERTIES.total_memory, PROPERTIES.total_memory),
+    "memory_summary": lambda s, *args, **kwargs: "check_ddp: a stand-in GPU has no memory of its own",
+    "memory_stats": lambda s, *args, **kwargs: collections.defaultdict(int),
+    # a GPU's own random generator: torch.compile saves and restores it around its tracing
+    "get_rng_state": lambda s, *args, **kwargs: s.rng_state.clone(),
+    "get_rng_state_all": lambda s, *args, **kwargs: [s.rng_state.clone()] * s.node_gpus,
+    "initial_seed": lambda s: 0,
+    **dict.fromkeys(
+        ("utilization", "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved"),
+        zero,
+    ),
+    **dict.fromkeys(
+        (
+            "synchronize", "init", "empty_cache", "reset_peak_memory_stats", "reset_max_memory_allocated",
+            "seed", "seed_all", "reset_accumulated_memory_stats", "manual_seed", "manual_seed_all",
+            "set_per_process_memory_fraction", "ipc_collect", "set_sync_debug_mode", "set_rng_state",
+            "set_rng_state_all",
+        ),
+        nothing,
+    ),
+}  # fmt: skip
+
+
+@replaces("torch.cuda", *CUDA_ANSWERS)
+def cuda_answer(original, s, name):
     """torch.cuda's function as the script sees it, stood in, and as torch's own code sees it, real:
     torch.compile, the DataLoader and the rest of torch ask about CUDA to decide what to run, and
-    what they run is the CPU's."""
+    what they run is the CPU's. A function object of its own for each name: torch.compile keeps a
+    rule per torch function, and refuses one object under two names."""
+    stood_in = functools.partial(CUDA_ANSWERS[name], s)
 
-    @functools.wraps(stood_in)
+    @functools.wraps(original)
     def answer(*args, **kwargs):
         frame = callers_frame()
-        if real is not None and frame is not None and in_torch(frame.f_code):
-            return real(*args, **kwargs)
+        if frame is not None and in_torch(frame.f_code):
+            return original(*args, **kwargs)
         return stood_in(*args, **kwargs)
 
     return answer
@@ -2270,6 +2201,14 @@ def for_the_script(stood_in, real):
 @functools.lru_cache(maxsize=4096)
 def in_torch(code):
     return bool(TORCH_DIR) and os.path.realpath(code.co_filename).startswith(TORCH_DIR)
+
+
+@replaces("torch.cuda.nvtx", "range_push", "range_pop", "mark", "range")
+def nvtx(original, s, name):
+    """NVIDIA's profiler marks: nothing to mark on the CPU."""
+    if name == "range":
+        return lambda *args, **kwargs: contextlib.nullcontext()
+    return lambda *args, **kwargs: 0
 
 
 def autocast_on_cpu(torch):
@@ -2294,56 +2233,222 @@ def grad_scaler_on_cpu(torch):
     return GradScaler
 
 
-def cuda_first(cls):
-    """The __init__ of torch.cuda.amp's classes: torch.amp's, for the device "cuda"."""
+@replaces("torch", "autocast")
+@replaces("torch.amp", "autocast", "GradScaler")
+@replaces("torch.amp.autocast_mode", "autocast")
+@replaces("torch.amp.grad_scaler", "GradScaler")
+def amp_on_cpu(original, s, name):
+    """One autocast and one GradScaler of the CPU's, under each name torch gives them."""
+    return s.autocast if name == "autocast" else s.scaler
+
+
+@replaces("torch.cuda.amp", "autocast", "GradScaler")
+def cuda_amp_on_cpu(original, s, name):
+    """torch.cuda.amp's classes: torch.amp's, for the device "cuda"."""
+    base = s.autocast if name == "autocast" else s.scaler
 
     def __init__(self, *args, **kwargs):
-        cls.__init__(self, "cuda", *args, **kwargs)
+        base.__init__(self, "cuda", *args, **kwargs)
 
-    return __init__
-
-
-def stand_in_for_cuda(w):
-    """torch.cuda, autocast and GradScaler answering as a GPU node would; nccl available."""
-    import torch
-    import torch.distributed as dist
-
-    for name, function in standin_cuda(w).items():
-        setattr(torch.cuda, name, function)
-    for name in ("range_push", "range_pop", "mark"):
-        setattr(torch.cuda.nvtx, name, lambda *a, **k: 0)
-    torch.cuda.nvtx.range = lambda *a, **k: __import__("contextlib").nullcontext()
-    autocast, scaler = autocast_on_cpu(torch), grad_scaler_on_cpu(torch)
-    torch.autocast = torch.amp.autocast = torch.amp.autocast_mode.autocast = autocast
-    torch.amp.GradScaler = torch.amp.grad_scaler.GradScaler = scaler
-    torch.cuda.amp.autocast = type("autocast", (autocast,), {"__init__": cuda_first(autocast)})
-    torch.cuda.amp.GradScaler = type("GradScaler", (scaler,), {"__init__": cuda_first(scaler)})
-    dist.is_nccl_available = lambda: True
-    sync_batchnorm_as_batchnorm(torch)
-    # DataParallel (one process, several GPUs) finds no GPU type, and passes its inputs through, as
-    # torch's own CPU path does
-    torch.nn.parallel.data_parallel._get_available_device_type = lambda: None
+    return type(name, (base,), {"__init__": __init__})
 
 
-def sync_batchnorm_as_batchnorm(torch):
+@replaces("torch.distributed", "is_nccl_available")
+def nccl_available(original, s, _):
+    return lambda: True  # nccl, asked for, becomes gloo (init_on_gloo)
+
+
+@replaces("torch.nn.SyncBatchNorm", "forward")
+@replaces("torch.nn.modules", "SyncBatchNorm")
+def sync_batchnorm_as_batchnorm(original, s, name):
     """SyncBatchNorm, which shares its batch statistics between GPUs, computes them on the CPU as
     BatchNorm does, on the rank's own batch; DDP accepts it (its check that SyncBatchNorm is on GPUs
     reads torch.nn.modules.SyncBatchNorm, which no layer is then)."""
     from torch.nn.modules.batchnorm import _BatchNorm
 
-    torch.nn.SyncBatchNorm.forward = _BatchNorm.forward
-    torch.nn.modules.SyncBatchNorm = type("SyncBatchNormOnGPUs", (), {})
+    return _BatchNorm.forward if name == "forward" else type("SyncBatchNormOnGPUs", (), {})
 
 
-@watches("torch.distributed", "init_process_group", step=1, label="init_process_group()", standin=True)
-def init_on_gloo(original, w, _):
+@replaces("torch.nn.parallel.data_parallel", "_get_available_device_type")
+def data_parallel_on_cpu(original, s, _):
+    """DataParallel (one process, several GPUs) finds no GPU type, and passes its inputs through, as
+    torch's own CPU path does."""
+    return lambda: None
+
+
+# The calls that name a device: the GPU asked for is recorded, and the CPU used
+
+
+@stands_in("torch.Tensor", "__deepcopy__", step=2, label="copy.deepcopy(tensor)")
+@stands_in("torch.nn.Parameter", "__deepcopy__", step=2, label="copy.deepcopy(tensor)")
+def tensor_deepcopy(original, s, _):
+    def tensor_deepcopy(self, memo):
+        copy = original(self, memo)
+        index = s.tags.get(self)
+        return copy if index is None else s.on_gpu(copy, index)  # a copy of a GPU's tensor: on that GPU
+
+    return tensor_deepcopy
+
+
+@stands_in("torch.Tensor", "to", step=2, label="tensor.to()")
+def tensor_to(original, s, _):
+    def tensor_to(self, *args, **kwargs):
+        index = None
+        if "device" in kwargs:
+            index = s.index(kwargs["device"])
+            if index is not None:
+                kwargs["device"] = "cpu"
+        elif args and not hasattr(args[0], "is_floating_point"):  # to(device, ...), not to(dtype)/to(tensor)
+            index = s.index(args[0])
+            if index is not None:
+                args = ("cpu", *args[1:])
+        elif args and s.tags.get(args[0]) is not None:  # to(other): other's place
+            index = s.tags.get(args[0])
+        if index is None:
+            return original(self, *args, **kwargs)
+        s.ask(index, "to")
+        moved = original(self, *args, **kwargs)
+        if moved is self and s.tags.get(self) != index:
+            moved = self.clone()  # onto another device, a copy: as on a GPU
+        return s.on_gpu(moved, index)
+
+    return tensor_to
+
+
+@stands_in("torch.Tensor", "cuda", step=2, label="tensor.cuda()")
+def tensor_cuda(original, s, _):
+    def tensor_cuda(self, device=None, non_blocking=False, memory_format=None):
+        index = s.ask(s.gpu if device is None else s.index(device), "cuda")
+        if s.tags.get(self) == index:
+            return self
+        return s.on_gpu(self.clone(), index)
+
+    return tensor_cuda
+
+
+@stands_in("torch.Tensor", "pin_memory", "record_stream", step=2, label="tensor.{name}()")
+def tensor_itself(original, s, _):
+    def tensor_itself(self, *args, **kwargs):
+        return self  # page-locked memory and streams are a GPU's; on the CPU, nothing to do
+
+    return tensor_itself
+
+
+@stands_in("torch.nn.Module", "to", "cuda", step=2, label="model.{name}()")
+def module_to(original, s, name):
+    import torch
+
+    def module_to(self, *args, **kwargs):
+        if name == "cuda":
+            device = args[0] if args else kwargs.get("device")
+            index = s.ask(s.gpu if device is None else s.index(device), "model.cuda")
+            result = self
+        else:
+            if "device" in kwargs and s.index(kwargs["device"]) is not None:  # to(device=0): cuda:0
+                index, kwargs = s.index(kwargs["device"]), {**kwargs, "device": "cpu"}
+            elif args and not hasattr(args[0], "is_floating_point") and s.index(args[0]) is not None:
+                index, args = s.index(args[0]), ("cpu", *args[1:])
+            else:
+                return original(self, *args, **kwargs)
+            device, dtype, non_blocking, memory_format = torch._C._nn._parse_to(*args, **kwargs)
+            s.ask(index, "model.to")
+            rest = {"dtype": dtype} if dtype is not None else {}
+            rest.update({"memory_format": memory_format} if memory_format is not None else {})
+            result = original(self, "cpu", non_blocking=non_blocking, **rest)
+        for tensor in (*self.parameters(), *self.buffers()):
+            s.on_gpu(tensor, index)
+        s.wait_for_first_batch(self)
+        return result
+
+    return module_to
+
+
+# the functions that take a device= (torch.utils._device's list, and their *_like and new_* kin)
+FACTORIES = (
+    "empty", "empty_permuted", "empty_strided", "ones", "zeros", "full", "arange", "range", "linspace",
+    "logspace", "eye", "rand", "randn", "randint", "randperm", "tensor", "as_tensor", "asarray",
+    "scalar_tensor", "empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like",
+    "randint_like", "tril_indices", "triu_indices", "sparse_coo_tensor",
+)  # fmt: skip
+
+
+@stands_in("torch", *FACTORIES, step=2, label="torch.{name}(..., device=)")
+@stands_in(
+    "torch.Tensor", "new_empty", "new_zeros", "new_ones", "new_full", "new_tensor", step=2,
+    label="tensor.{name}(..., device=)",
+)  # fmt: skip
+def factory(original, s, name):
+    def factory(*args, **kwargs):
+        index = s.index(kwargs.get("device"))
+        if index is None:
+            return original(*args, **kwargs)
+        s.ask(index, name)
+        return s.on_gpu(original(*args, **{**kwargs, "device": "cpu"}), index)
+
+    return factory
+
+
+@stands_in("torch", "set_default_device", step=2, label="torch.set_default_device()")
+def set_default_device(original, s, _):
+    def set_default_device(device):
+        index = s.index(device)
+        if index is not None:
+            s.ask(index, "set_default_device")
+            device = "cpu"
+        return original(device)
+
+    return set_default_device
+
+
+@stands_in("torch", "load", step=6, label="torch.load()")
+def load_on_cpu(original, s, _):
+    def load_on_cpu(f, map_location=None, *args, **kwargs):
+        return original(f, "cpu", *args, **kwargs)  # whatever it names, a GPU's tensors land on the CPU
+
+    return load_on_cpu
+
+
+# What the stand-in keeps on the script's models, out of what the script makes of them: its copies
+# and pickles, and torch.compile's graphs
+
+
+@stands_in("torch.nn.Module", "__getstate__", step=4, label="copy.deepcopy(model)")
+def module_getstate_standin(original, s, _):
+    def module_getstate(self):
+        handle = s.hooks.get(self)
+        return without_hooks(original(self), [handle] if handle else [])
+
+    return module_getstate
+
+
+@stands_in("torch", "compile", step=4, label="torch.compile()")
+@stands_in("torch.nn.Module", "compile", step=4, label="Module.compile()")
+def compile_standin(original, s, name):
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    def compile_standin(*args, **kwargs):
+        target = args[0] if args else kwargs.get("model")
+        with Quietly(s):
+            if isinstance(target, torch.nn.Module):
+                s.drop_hook(target.module if isinstance(target, DistributedDataParallel) else target)
+        return original(*args, **kwargs)
+
+    return compile_standin
+
+
+# NCCL: gloo, between the CPUs; the GPUs each DDP call names, asked for
+
+
+@stands_in("torch.distributed", "init_process_group", step=1, label="init_process_group()")
+def init_on_gloo(original, s, _):
     signature = inspect.signature(original)
 
     def init_on_gloo(*args, **kwargs):
         given = signature.bind_partial(*args, **kwargs).arguments
         device_id = given.pop("device_id", None)
-        if device_id is not None and gpu_index(w, device_id) is not None:
-            ask_gpu(w, gpu_index(w, device_id), "device_id")
+        if device_id is not None and s.index(device_id) is not None:
+            s.ask(s.index(device_id), "device_id")
         backend = given.get("backend")
         if backend is None or "nccl" in str(backend).lower():
             given["backend"] = "gloo"  # nccl moves tensors between GPUs; gloo, between CPUs
@@ -2352,8 +2457,8 @@ def init_on_gloo(original, w, _):
     return init_on_gloo
 
 
-@watches("torch.distributed", "new_group", step=1, label="dist.new_group()", standin=True)
-def new_group_on_gloo(original, w, _):
+@stands_in("torch.distributed", "new_group", step=1, label="dist.new_group()")
+def new_group_on_gloo(original, s, _):
     def new_group_on_gloo(*args, **kwargs):
         if "nccl" in str(kwargs.get("backend", "")).lower():
             kwargs["backend"] = "gloo"
@@ -2362,18 +2467,18 @@ def new_group_on_gloo(original, w, _):
     return new_group_on_gloo
 
 
-@watches("torch.distributed", "barrier", step=5, label="dist.barrier()", standin=True)
-def barrier_on_gloo(original, w, _):
+@stands_in("torch.distributed", "barrier", step=5, label="dist.barrier()")
+def barrier_on_gloo(original, s, _):
     def barrier_on_gloo(*args, device_ids=None, **kwargs):
         for index in device_ids or ():
-            ask_gpu(w, gpu_index(w, index), "barrier")
+            s.ask(s.index(index), "barrier")
         return original(*args, **kwargs)
 
     return barrier_on_gloo
 
 
-@watches("torch.nn.parallel.DistributedDataParallel", "__init__", step=4, label="DDP(...)", standin=True)
-def ddp_on_cpu(original, w, _):
+@stands_in("torch.nn.parallel.DistributedDataParallel", "__init__", step=4, label="DDP(...)")
+def ddp_on_cpu(original, s, _):
     signature = inspect.signature(original)
 
     def ddp_on_cpu(self, *args, **kwargs):
@@ -2381,11 +2486,26 @@ def ddp_on_cpu(original, w, _):
         for key in ("device_ids", "output_device"):
             asked = given.pop(key, None)
             for device in asked if isinstance(asked, (list, tuple)) else [asked]:
-                if gpu_index(w, device) is not None:
-                    ask_gpu(w, gpu_index(w, device), key)
-        return original(**given)
+                if s.index(device) is not None:
+                    s.ask(s.index(device), key)
+        original(**given)
+        with Quietly(s):
+            s.drop_hook(self.module)  # where its first batch comes from: its DDP forward says it now
+            devices = sorted({s.placed(p) for p in self.module.parameters()})
+            s.rec.add("ddp_gpus", at=where(), devices=devices)
 
     return ddp_on_cpu
+
+
+@stands_in(
+    "torch.nn.parallel.DistributedDataParallel", "forward", step=4, label="DDP forward", compiled_through=True
+)
+def ddp_forward_standin(original, s, _):
+    def ddp_forward(self, *args, **kwargs):
+        s.note_input(self, args, kwargs)
+        return original(self, *args, **kwargs)
+
+    return ddp_forward
 
 
 # -----------------------------------------------------------------------------
@@ -2663,8 +2783,10 @@ class Facts:
 
     @functools.cached_property
     def model_devices(self):
-        """Each rank's DDP model's devices, as the script placed them (stood in: the GPU it asked for)."""
-        return {r: e["devices"] for r, e in self.job.records("ddp")}
+        """Each rank's DDP model's devices, as the script placed them (stood in: the GPUs it asked for,
+        which the stand-in's record says)."""
+        stood_in = {r: e["devices"] for r, e in self.job.records("ddp_gpus")}
+        return {r: stood_in.get(r, e["devices"]) for r, e in self.job.records("ddp")}
 
     def read(self, key):
         """Whether any rank read the launch variable key (the script, or a library for it)."""

@@ -2,6 +2,7 @@
 blame it for what is not its own. (tests/test_check_ddp.py runs it whole, on scripts.)"""
 
 import ast
+import functools
 import gc
 import sys
 
@@ -224,3 +225,101 @@ def test_the_watcher_and_the_stand_in_in_one_process(tool, tmp_path):
     assert loader["batches"] is None and loader["sampler"] == "Endless"  # no length asked of the script's
     assert [b["idx"] for b in kinds["batch"][:3]] == [[0, 1, 2, 3], [4, 5, 6, 7], [0, 1, 2, 3]]
     assert [s["path"] for s in kinds["save"]] == [None]  # to memory: no file
+
+
+# The stand-in and the watcher, apart: what the stand-in knows (its GPUs, the current one, where each
+# tensor would be, its hooks) is its own, and reaches the watcher, and the judge, as records only.
+SECTIONS = {"watcher": "# 2. record:", "stand-in": "# 2b. the stand-in:", "judge": "# 3. judge:"}
+
+
+def section(tool, name):
+    """The top-level definitions of one of check_ddp.py's sections, parsed."""
+    from pathlib import Path
+
+    source = Path(tool.__file__).read_text()
+    marks = list(SECTIONS.values())
+    start = source.index(SECTIONS[name])
+    end = min((source.index(m) for m in marks if source.index(m) > start), default=len(source))
+    first, last = source[:start].count("\n") + 1, source[:end].count("\n") + 1
+    return [node for node in ast.parse(source).body if first <= node.lineno < last]
+
+
+def test_the_watcher_reads_nothing_of_the_stand_ins_but_its_records(tool):
+    """No code of the watcher's (but watch(), which makes both) names the stand-in or what it keeps
+    or answers: its object, its state, its methods, its table of torch.cuda's answers, nor torch.cuda,
+    which answers for it. (Its records, through the recorder they share, are how it says anything.)"""
+    stand_in = section(tool, "stand-in")
+    kept = next(node for node in stand_in if getattr(node, "name", "") == "StandIn")
+    its = {node.name for node in kept.body if isinstance(node, ast.FunctionDef)} | {
+        node.attr
+        for node in ast.walk(kept)
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
+    }
+    its -= {"__init__", "rec", "faults"}  # the recorder the records go to; Quietly's faults
+    names = {node.name for node in stand_in if hasattr(node, "name")} | {
+        target.id for node in stand_in if isinstance(node, ast.Assign) for target in node.targets
+    }
+    read = [
+        f"{ast.unparse(node)}, line {node.lineno}"
+        for top in section(tool, "watcher")
+        if getattr(top, "name", None) != "watch"
+        for node in ast.walk(top)
+        if isinstance(node, ast.Attribute)
+        and (node.attr in its or ast.unparse(node) == "torch.cuda")
+        or isinstance(node, ast.Name)
+        and node.id in names
+    ]
+    assert not read, read
+
+
+def test_what_the_stand_in_puts_in_torchs_place_is_declared(tool):
+    """Everything the stand-in puts in torch's place is declared (stands_in, replaces: WRAPPERS),
+    so that missing_names looks it up and the recorder's digest names it: no setattr of its own, no
+    assignment to an attribute of a module or class it did not make."""
+    own = [
+        f"{ast.unparse(node)}, line {node.lineno}"
+        for top in section(tool, "stand-in")
+        for node in ast.walk(top)
+        if isinstance(node, ast.Call)
+        and ast.unparse(node.func) == "setattr"
+        or isinstance(node, (ast.Assign, ast.AugAssign))
+        and any(
+            isinstance(target, ast.Attribute) and ast.unparse(target).split(".")[0] not in ("self", "s")
+            for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        )
+    ]
+    assert not own, own
+    stood_in = {w.key for w in tool.WRAPPERS if w.standin}
+    assert {
+        "torch.cuda.is_available",
+        "torch.distributed.is_nccl_available",
+        "torch.amp.GradScaler",
+    } <= stood_in
+
+
+def test_the_stand_in_answers_as_a_node_of_gpus_and_says_so_in_records(tool):
+    """The stand-in alone, in this process: the GPU made current, a tensor "on" it, a GPU its node
+    lacks refused as CUDA refuses it; each ask recorded once a way and line, device_count's read once."""
+    import torch
+
+    rec = Recorded()
+    stand_in = tool.StandIn(rec, node_gpus=2)
+    answer = {name: functools.partial(tool.CUDA_ANSWERS[name], stand_in) for name in tool.CUDA_ANSWERS}
+    for _ in range(2):
+        answer["set_device"]("cuda:1")
+        assert answer["device_count"]() == 2
+    assert answer["current_device"]() == 1
+    with answer["device"](0):
+        assert answer["current_device"]() == 0
+    assert answer["current_device"]() == 1
+    tensor = stand_in.on_gpu(torch.zeros(2), stand_in.index("cuda"))
+    assert stand_in.placed(tensor) == "cuda:1" and tensor.device.type == "cpu"
+    with pytest.raises(RuntimeError, match="invalid device ordinal .* this node has 2 GPUs"):
+        stand_in.ask(2, "to")
+    said = [(r["e"], r.get("how") or r.get("key"), r.get("index")) for r in rec.records]
+    assert said == [
+        ("gpu", "set_device", 1),
+        ("read", "device_count", None),
+        ("gpu", "set_device", 0),
+        ("gpu", "to", 2),
+    ]
