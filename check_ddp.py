@@ -2880,7 +2880,28 @@ class Facts:
         if self.crash and COMMUNICATION_ERROR.search(self.crash[1]["message"]) and self.cause(hang=False):
             rank, e = self.crash
             return f"rank {rank} lost its peers at {self.code(e['at'])} ({short(e['message'])})"
+        # no rank's error: a rank killed (gloo aborts one whose collective's sizes differ), and torchrun
+        # stopped the others before their own error came (seen under load)
+        if job.returncode and not self.crash and not job.records("exit") and self.cause(hang=False):
+            return f"the job was stopped, no rank's error recorded: {self.where_each_was()}"
         return None
+
+    def where_each_was(self):
+        """Each rank's last known place, from its last record that says one: where the main thread
+        was (twice a second), or a collective it called since."""
+        parts = []
+        for rank, events in sorted(self.job.ranks.items()):
+            call = at = None
+            for e in events:
+                if e["e"] == "now" and e["stack"]:
+                    call, at = e["call"], e["stack"][0]
+                elif e["e"] == "coll":
+                    call, at = f"torch.distributed.{e['name']}", e["at"]
+            what = CALLS[call].label if call in CALLS else "its own code"
+            parts.append(
+                f"rank {rank} was last in {what} at {self.code(at)}" if at else f"rank {rank}: not known"
+            )
+        return "; ".join(parts)
 
     @functools.cached_property
     def unmatched_collective(self):
@@ -4525,7 +4546,7 @@ def metrics_not_reduced(f):
     epochs = len(
         [e for _, e in job.records("pass", rank=min(job.ranks)) if e["loader"] in f.training_loaders]
     )
-    if (f.crash or job.hung) and epochs < 2:
+    if (f.crash or job.hung or job.returncode) and epochs < 2:
         return None  # stopped before an epoch's end, where the sums would be all-reduced: no evidence
     if job.records("step") and f.world > 1 and not reduced_sites(f):
         return Found("no metric is all-reduced: what rank 0 reports is its own shard's")

@@ -172,6 +172,27 @@ def test_the_recorded_jobs_were_recorded_by_todays_recorder(tool):
     assert not stale, f"re-record: python tests/record_check_ddp_jobs.py {' '.join(stale)}"
 
 
+def test_a_job_whose_ranks_were_stopped_before_their_error_is_judged_as_its_case_states(tool):
+    """A race seen live, under load: gloo aborts rank 1 of mnist_uneven_split (sizes that differ), and
+    torchrun stops rank 0 before rank 0 records its own error, so that no rank's error is recorded.
+    Its recorded job, less rank 0's error and end, is that job: judged as the case states, its step 3
+    saying where each rank was last, and its step 5 not checked (the job stopped before an epoch's end)."""
+    case = next(c for c in CASES if c.stem == "mnist_uneven_split")
+    job = tool.Job.load(JOBS / case.stem)
+    assert [e["e"] for e in job.ranks[0][-2:]] == ["crash", "exit"]
+    assert not [
+        e for e in job.ranks[1] if e["e"] in ("crash", "exit")
+    ]  # aborted by gloo: no error of Python's
+    del job.ranks[0][-2:]
+    lines = tool.judge(job)
+    text = tool.report(job, lines)
+    status = 1 if any(line.verdict == "FAIL" for line in lines) else 0
+    assert_says_what_the_case_states(case, status, steps_of(lines, tool.see), text, device=job.device)
+    steps = steps_of(lines, tool.see)
+    assert "rank 0 was last in backward() at mnist_uneven_split.py:71" in steps[3][1], text
+    assert steps[5][0] == "--", text
+
+
 def test_a_gpu_machine_judges_the_recorded_jobs_as_they_ran(tool, monkeypatch):
     """The `gpu:` part of a case is for a job that ran on GPUs; every recorded job ran on a CPU, and
     is judged as such where pytest sees GPUs too (simulated here)."""
