@@ -1987,7 +1987,13 @@ class StandIn:
         if isinstance(device, str):
             if not device.startswith("cuda"):
                 return None
-            device = torch.device(device)
+            negative = re.fullmatch(r"cuda:(-\d+)", device)  # a default of -1 as the GPU: asked, and refused
+            if negative:
+                return int(negative.group(1))
+            try:
+                device = torch.device(device)
+            except RuntimeError as error:  # "cuda:-1": torch refuses it, on GPUs, in the script's call
+                raise RuntimeError(f"{error} (check_ddp: {device!r} asked)") from None
         if isinstance(device, torch.device) and device.type == "cuda":
             return self.gpu if device.index is None else device.index
         return None
