@@ -132,7 +132,10 @@ def assert_says_what_the_case_states(case, status, steps, stdout, device="cpu"):
     flagged = "\n".join(text for verdict, text, _ in steps.values() if verdict in ("FAIL", "warn"))
     for name in see:
         assert f"pitfalls/{name}.py" in flagged, f"pitfall {name} not named\n{stdout}"
-    for line in marked if any(v in ("FAIL", "warn") for v, _ in verdicts.values()) else ():
+    # a job whose ranks were all stopped before any recorded its error (a race, seen under load: see
+    # test_a_job_whose_ranks_were_stopped_before_their_error...) has no error's line to name
+    unrecorded = "no rank's error recorded" in flagged
+    for line in marked if any(v in ("FAIL", "warn") for v, _ in verdicts.values()) and not unrecorded else ():
         assert f"{case.name}:{line}" in flagged, f"{case.name}:{line} not named\n{stdout}"
 
 
