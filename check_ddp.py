@@ -289,6 +289,7 @@ class Job:
                         cited.add(at.rpartition(":")[0])
                 for path in re.findall(r'File "([^"]+)", line', e.get("message") or ""):  # a child's
                     cited.add(os.path.relpath(path, self.cwd))
+                cited.update(e.get("files") or ())  # every file of the script's it imported
         script = next((a for a in self.command[1:] if a.endswith(".py")), None)
         if script:
             cited.add(
@@ -550,19 +551,33 @@ SCHEMA = {
 # A new field goes here, so that jobs recorded before it still load (and judge) as they did.
 OPTIONAL = {
     # the crash: who raised it: "raise" (a raise or assert statement of the script's), "call" (a call
-    # the script made, inside torch or a library), "checker" (this file's own code)
-    "crash": {"raised": "call"},
+    # the script made, inside torch or a library), "checker" (this file's own code); the file its error
+    # names (an OSError's filename); the program the script ran that this machine lacks (subprocess's
+    # FileNotFoundError)
+    "crash": {"raised": "call", "path": None, "program": None},
     # a collective on a group of some ranks only (their global ranks), not the whole job's
     "coll": {"group": None},
     # DDP forwards with gradients that prepared the all-reduce of their backward (DDP decides it at
     # forward time, from require_backward_grad_sync): how many of the step's did, and whether its last
     # did (that one's all-reduce carries every micro-batch's gradients, accumulated)
     "step": {"prepared": None, "last": None},
-    # each forward without gradients' first input, summed (as training's inputs are): what each
-    # rank evaluated, to compare between ranks
-    "exit": {"eval_inputs": []},
-    # a file written: "overwrite" (opened to write from its start, or renamed into place), "append"
+    # at the end: each forward without gradients' first input, summed (as training's inputs are): what
+    # each rank evaluated, to compare between ranks; the files this rank wrote that are empty (nothing in
+    # them to tear: a lock, a marker); the script's own Python files it imported (their code is read for
+    # what the run did not reach)
+    "exit": {"eval_inputs": [], "empty": None, "files": None},
+    # a file written: "overwrite" (opened to write from its start, or renamed into place), "append";
+    # a folder made: "create"
     "write": {"mode": None},
+    # a checkpoint saved to a file, read back as torch.load(weights_only=True) reads it: the globals it
+    # would refuse (torch.serialization.get_unsafe_globals_in_checkpoint; [] for none, None: not known),
+    # and where in the saved object the first such value is, with its type ("['args']: argparse.Namespace")
+    "save": {"unsafe": None, "unsafe_at": None},
+    # a file loaded: whether its folder is one anyone on the machine may write to (/tmp, say)
+    "load": {"shared": None},
+    # a GPU the stand-in refused, as CUDA or torch would: "negative" (a negative index), "past_node" (one
+    # the node lacks: "invalid device ordinal"), "invalid" (a device torch.device() cannot parse)
+    "gpu": {"refused": None},
 }
 
 
@@ -1604,15 +1619,59 @@ def watched_compile(original, w, name):
 @watches("torch", "save", step=6, label="torch.save()")
 def torch_save(original, w, _):
     def torch_save(obj, f, *args, **kwargs):
+        event = None
         with Quietly(w):
             if called_by_user():
                 path = path_of(f)
-                w.rec.add(
-                    "save", path=path and os.path.abspath(path), at=where(), what=describe_checkpoint(obj)
-                )
-        return original(obj, f, *args, **kwargs)
+                event = dict(path=path and os.path.abspath(path), at=where(), what=describe_checkpoint(obj))
+        result = original(obj, f, *args, **kwargs)
+        if event is not None:
+            with Quietly(w):
+                # what a resume would meet, exercised here, where it is cheap: the file read back as
+                # torch.load(weights_only=True) reads it (its pickle alone, not its tensors)
+                event["unsafe"], event["unsafe_at"] = refused_on_load(event["path"], obj)
+                w.rec.add("save", **event)
+        return result
 
     return torch_save
+
+
+def refused_on_load(path, obj):
+    """(the globals torch.load(weights_only=True) refuses in the file just saved at path, where in obj
+    the first value of such a type is), or (None, None) where it cannot be read back (a buffer in
+    memory, the legacy format). torch reads only the file's pickle, and calls nothing in it."""
+    import torch
+
+    try:
+        unsafe = sorted(torch.serialization.get_unsafe_globals_in_checkpoint(path)) if path else None
+    except Exception:  # noqa: BLE001 (not a zip checkpoint: not known)
+        return None, None
+    return unsafe, (first_of_type(obj, unsafe) if unsafe else None)
+
+
+def first_of_type(value, names, at="", depth=0):
+    """Where in a saved object the first value is whose type is one of names (module.Name, as torch's
+    refusal names them), or of numpy's where one of them is numpy's: "['args']: argparse.Namespace";
+    None if none is. Read as stored: no method of the script's objects is called."""
+    import torch
+
+    kind = type(value)
+    name = f"{kind.__module__}.{kind.__qualname__}"
+    if name in names or (kind.__module__ == "numpy" and any(n.startswith("numpy") for n in names)):
+        return f"{at or 'the object'}: {name}"
+    if depth > 4 or isinstance(value, torch.Tensor):
+        return None
+    if isinstance(value, dict):
+        items = list(dict.items(value))[:256]  # dict's own: no items() of a subclass of the script's
+    elif type(value) in (list, tuple):
+        items = list(enumerate(value))[:256]
+    else:
+        return None
+    for key, item in items:
+        found = first_of_type(item, names, f"{at}[{key!r}]", depth + 1)
+        if found:
+            return found
+    return None
 
 
 @watches("torch", "load", step=6, label="torch.load()")
@@ -1627,10 +1686,22 @@ def torch_load(original, w, _):
                     at=where(),
                     weights_only=kwargs.get("weights_only"),
                     map_location="map_location" in kwargs or len(args) > 0,
+                    shared=path is not None and shared_folder(path),
                 )
         return original(f, *args, **kwargs)
 
     return torch_load
+
+
+def shared_folder(path):
+    """Whether the folder of path is one any user of the machine may write to (/tmp, /dev/shm): a file
+    there could have been put or replaced by another process than the job's."""
+    import stat
+
+    try:
+        return bool(os.stat(os.path.dirname(os.path.abspath(path))).st_mode & stat.S_IWOTH)
+    except OSError:
+        return None
 
 
 @watches("torch.nn.Module", "load_state_dict", step=6, label="model.load_state_dict()")
@@ -1657,7 +1728,7 @@ def audit(w, event, args):
     """Python's audit hook: every file the script opens to write, or renames into place; an MPI
     library imported, which other launchers (mpirun) tell who each process is. (An error in an audit
     hook stops what it audits: none of this file's may reach the script's open().)"""
-    if event in ("open", "os.rename", "os.replace", "import"):
+    if event in ("open", "os.rename", "os.replace", "os.mkdir", "import"):
         with Quietly(w):
             audited(w, event, args)
 
@@ -1669,9 +1740,13 @@ def audited(w, event, args):
         by = "script" if frame is not None and is_users(frame.f_code.co_filename) else "library"
         found = importlib.util.find_spec("mpi4py") is not None
         w.rec.add("read", key="import mpi4py", by=by, at=where(), found=found)
-    if not w.rec.enabled or event not in ("open", "os.rename", "os.replace"):
+    if not w.rec.enabled or event not in ("open", "os.rename", "os.replace", "os.mkdir"):
         return
-    if event == "open":
+    if event == "os.mkdir":  # a folder made: a name that a second maker finds taken
+        if not isinstance(args[0], (str, bytes)):
+            return
+        target, how_written = os.path.realpath(os.fsdecode(args[0])), "create"
+    elif event == "open":
         path, mode, flags = args
         if not isinstance(path, (str, bytes)) or not (
             (isinstance(mode, str) and set(mode) & set("wax+")) or (mode is None and flags & 0o3)
@@ -1691,7 +1766,7 @@ def audited(w, event, args):
     at = where()
     if (target, at, event) not in w.written:
         w.written.add((target, at, event))
-        source = os.path.realpath(os.fsdecode(args[0])) if event != "open" else None
+        source = os.path.realpath(os.fsdecode(args[0])) if event in ("os.rename", "os.replace") else None
         w.rec.add("write", path=target, at=at, how=event, source=source, mode=how_written)
 
 
@@ -1790,7 +1865,20 @@ def record_crash(w, kind, error, tb):
         call=call,
         loader=w.state["pass"] and w.state["pass"]["loader"],
         raised=who_raised(tb, error),
+        path=os.path.realpath(os.fsdecode(error.filename))
+        if isinstance(error, OSError) and isinstance(error.filename, (str, bytes))
+        else None,
+        program=missing_program(frames, error),
     )
+
+
+def missing_program(frames, error):
+    """The program the script ran that this machine lacks: a FileNotFoundError raised as subprocess
+    started it (nvidia-smi on a machine without GPUs, git where none is installed), or None."""
+    started = any(f.name == "_execute_child" and f.filename.endswith("subprocess.py") for f in frames)
+    if isinstance(error, FileNotFoundError) and started:
+        return os.path.basename(os.fsdecode(error.filename)) if error.filename else "a program"
+    return None
 
 
 def who_raised(tb, error):
@@ -1803,7 +1891,8 @@ def who_raised(tb, error):
         tb = tb.tb_next
     code, line = tb.tb_frame.f_code, tb.tb_lineno
     if os.path.realpath(code.co_filename) == THIS_FILE:
-        acted = "(check_ddp: " in str(error)  # the stand-in's own "invalid device ordinal", as CUDA says it
+        # the stand-in refusing a GPU as CUDA or torch would (its "invalid device ordinal"): the call's
+        acted = code in (StandIn.ask.__code__, StandIn.index.__code__)
         return "call" if acted or any(a <= line <= b for a, b in passed_on()) else "checker"
     if is_users(code.co_filename):
         instruction = next((i for i in dis.get_instructions(code) if i.offset == tb.tb_lasti), None)
@@ -1859,7 +1948,29 @@ def write_exit(w):
         steps=w.state["step"],
         evaluations=w.state["evaluations"],
         eval_inputs=[float(x) for x in torch.stack(w.eval_inputs).tolist()] if w.eval_inputs else [],
+        empty=sorted({path for path, _, how in w.written if how != "os.mkdir" and is_empty(path)}),
+        files=own_files(w),
     )
+
+
+def is_empty(path):
+    try:
+        return os.path.isfile(path) and os.path.getsize(path) == 0
+    except OSError:
+        return False
+
+
+def own_files(w):
+    """The script's own Python files that this process imported (the script's, and its modules beside
+    it), as the records cite files: so that the judge can read the code the run did not reach."""
+    found = set()
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if isinstance(path, str) and path.endswith(".py") and is_users(path):
+            real = os.path.realpath(path)
+            if not real.startswith(w.folder):  # this check's own sitecustomize
+                found.add(os.path.relpath(real))
+    return sorted(found)
 
 
 # Launch variables read, and a local rank taken from the command line
@@ -1987,27 +2098,29 @@ class StandIn:
         if isinstance(device, str):
             if not device.startswith("cuda"):
                 return None
-            negative = re.fullmatch(r"cuda:(-\d+)", device)  # a default of -1 as the GPU: asked, and refused
-            if negative:
-                return int(negative.group(1))
             try:
                 device = torch.device(device)
-            except RuntimeError as error:  # "cuda:-1": torch refuses it, on GPUs, in the script's call
-                raise RuntimeError(f"{error} (check_ddp: {device!r} asked)") from None
+            except RuntimeError:  # torch refuses it ("cuda:-1") on GPUs too: the script's call's error
+                self.record(None, "device", refused="invalid")
+                raise
         if isinstance(device, torch.device) and device.type == "cuda":
             return self.gpu if device.index is None else device.index
         return None
 
-    def ask(self, index, how):
-        """The script asks for a GPU: recorded (once a way and line); one its node lacks fails, as
-        CUDA's own "invalid device ordinal" does."""
+    def record(self, index, how, refused=None):
+        """A GPU asked for, and whether it was refused, recorded once a way and line."""
         at = where()
         if (how, index, at) not in self.asked:
             self.asked.add((how, index, at))
-            self.rec.add("gpu", how=how, index=index, at=at)
+            self.rec.add("gpu", how=how, index=index, at=at, **({"refused": refused} if refused else {}))
+
+    def ask(self, index, how):
+        """The script asks for a GPU: recorded (once a way and line); one its node lacks fails, as
+        CUDA's own "invalid device ordinal" does, and a negative index as torch's own check does."""
+        gpus = self.node_gpus
+        self.record(index, how, refused="negative" if index < 0 else "past_node" if index >= gpus else None)
         if index < 0:
             raise RuntimeError(f"Device index must not be negative (check_ddp: cuda:{index} asked)")
-        gpus = self.node_gpus
         if index >= gpus:
             raise RuntimeError(
                 f"CUDA error: invalid device ordinal (check_ddp: cuda:{index} asked, and this node has "
