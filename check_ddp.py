@@ -2875,7 +2875,8 @@ class Facts:
         self.job = job
         self.explained = frozenset()  # what the lines so far account for: "crash", "hang"
         self.lines = []  # the steps' lines so far
-        self._trees = {}  # the script's files, parsed
+        self.source = Source(job)  # the script's code, for what the records do not show
+        self.code = self.source.code  # a line as evidence: file:line `its text`
 
     @functools.cached_property
     def starts(self):
@@ -2985,43 +2986,6 @@ class Facts:
         waiting = self.waiting_in(INIT)
         return bool(self.job.hung and waiting and len(self.job.records("met")) < len(self.job.ranks))
 
-    def stall(self):
-        """How the ranks fell out of step, if they did: the text of a hang (where each rank waits),
-        or of a rank that lost its peers; None. Asked by the rules after step 1, once step 1 has said
-        whether it explains a hang (the ranks never met)."""
-        job = self.job
-        if job.records("spawn"):
-            return None  # processes of the script's own: step 8's
-        if job.hung and job.records("met") and "hang" not in self.explained:
-            return (
-                f"the job stopped making progress ({job.silence:g} s without any): {self.where_each_waits()}"
-            )
-        if self.crash and COMMUNICATION_ERROR.search(self.crash[1]["message"]) and self.cause(hang=False):
-            rank, e = self.crash
-            return f"rank {rank} lost its peers at {self.code(e['at'])} ({short(e['message'])})"
-        # no rank's error: a rank killed (gloo aborts one whose collective's sizes differ), and torchrun
-        # stopped the others before their own error came (seen under load)
-        if job.returncode and not self.crash and not job.records("exit") and self.cause(hang=False):
-            return f"the job was stopped, no rank's error recorded: {self.where_each_was()}"
-        return None
-
-    def where_each_was(self):
-        """Each rank's last known place, from its last record that says one: where the main thread
-        was (twice a second), or a collective it called since."""
-        parts = []
-        for rank, events in sorted(self.job.ranks.items()):
-            call = at = None
-            for e in events:
-                if e["e"] == "now" and e["stack"]:
-                    call, at = e["call"], e["stack"][0]
-                elif e["e"] == "coll":
-                    call, at = f"torch.distributed.{e['name']}", e["at"]
-            what = CALLS[call].label if call in CALLS else "its own code"
-            parts.append(
-                f"rank {rank} was last in {what} at {self.code(at)}" if at else f"rank {rank}: not known"
-            )
-        return "; ".join(parts)
-
     @functools.cached_property
     def unmatched_collective(self):
         """The first collective the ranks did not call alike, each rank's collectives on the whole
@@ -3043,81 +3007,6 @@ class Facts:
             calls = {r: s[i] if i < len(s) else None for r, s in sequences.items()}
             if len({(c["name"], c["at"]) if c else None for c in calls.values()}) > 1:
                 return i, calls
-        return None
-
-    def unmatched_text(self):
-        i, calls = self.unmatched_collective
-        said = [
-            f"rank {r} called dist.{c['name']}() at {self.code(c['at'])}" if c else f"rank {r} called none"
-            for r, c in sorted(calls.items())
-        ]
-        return f"the ranks' {ordinal(i + 1)} collectives differ: " + "; ".join(said)
-
-    def where_each_waits(self):
-        parts = []
-        for rank in sorted(self.job.ranks):
-            call, at, _ = self.waiting.get(rank, (None, None, []))
-            what = CALLS[call].label if call in CALLS else "its own code"
-            if call == BACKWARD and self.job.records("ddp"):
-                what = "backward(), DDP's gradient all-reduce"
-            parts.append(
-                f"rank {rank} waits in {what} at {self.code(at)}" if at else f"rank {rank}: not known"
-            )
-        return "; ".join(parts) or "no rank started"
-
-    def cause(self, hang=True):
-        """Why the ranks fell out of step, seen from what each did: (what kind of cause, the cause as
-        evidence: "rank_block", a collective only some ranks reach; "uneven", ranks with different
-        numbers of batches; "early_stop", ranks that left the loop apart; "unmatched", collectives that
-        differ between ranks), or None. Each rank's collectives, compared, show it on every run, whether
-        the job hung, failed, or (by luck, pairing calls that do not belong together) ended; only a hang shows
-        where each rank waits."""
-        unmatched = self.unmatched_collective
-        for r, c in sorted(unmatched[1].items()) if unmatched else ():
-            condition = c and self.rank_condition(c["at"])
-            if condition:
-                return (
-                    "rank_block",
-                    f"{self.unmatched_text()}: rank {r}'s is inside `{condition}`, which only some "
-                    "ranks meet",
-                )
-        for _, (call, at, stack) in sorted(self.waiting.items() if hang else ()):
-            for line in stack if call and call != BACKWARD else ():
-                condition = self.rank_condition(line)
-                if condition:
-                    reached = f"{CALLS[call].label} at {at}" + (
-                        f", called from {line}," if line != at else ""
-                    )
-                    return "rank_block", f"{reached} is inside `{condition}`: only some ranks reach it"
-        if not self.job.records("join"):
-            for loader in self.loaders.values():
-                batches = {r: e["batches"] for r, e in loader["made"].items() if e["batches"] is not None}
-                if loader["training"] and len(set(batches.values())) > 1:
-                    return "uneven", (
-                        "the ranks have different numbers of batches an epoch ("
-                        + ", ".join(f"rank {r}: {n}" for r, n in sorted(batches.items()))
-                        + f", DataLoader at {next(iter(loader['made'].values()))['at']}): uneven inputs, and "
-                        "every backward() all-reduces with every rank"
-                    )
-        steps = {r: len([e for e in events if e["e"] == "step"]) for r, events in self.job.ranks.items()}
-        if len(set(steps.values())) > 1:
-            return "early_stop", (
-                "the ranks left the training loop at different steps ("
-                + ", ".join(f"rank {r}: {c}" for r, c in sorted(steps.items()))
-                + ")"
-            )
-        epochs = {  # a rank that went on began a pass over the training data that another did not
-            r: len([e for e in events if e["e"] == "pass" and e["loader"] in self.training_loaders])
-            for r, events in self.job.ranks.items()
-        }
-        if len(set(epochs.values())) > 1:
-            return "early_stop", (
-                "the ranks left the training loop in different epochs ("
-                + ", ".join(f"rank {r}: {plural(c, 'pass')}" for r, c in sorted(epochs.items()))
-                + " over the training data)"
-            )
-        if unmatched:
-            return "unmatched", self.unmatched_text()
         return None
 
     @functools.cached_property
@@ -3239,6 +3128,16 @@ class Facts:
                 return False
         return True
 
+
+class Source:
+    """The script's files as the job saw them, parsed: what its code says where the run does not show
+    it (a line's text, the `if` around a call, what an option decides, the calls no rank reached).
+    Evidence only: what a finding makes of it is the rules'."""
+
+    def __init__(self, job):
+        self.job = job
+        self._trees = {}  # the script's files, parsed
+
     def code(self, at):
         """The source line at file:line, short, in backquotes: the evidence a reader recognises."""
         if not at:
@@ -3313,55 +3212,9 @@ class Facts:
                 found.append((f"{path}:{node.lineno}", test, (parsed, aliases, path)))
         return found
 
-    @functools.cached_property
-    def unpassed_local_rank(self):
-        """--local_rank (or --local-rank), which torchrun never passes, used for what the job did:
-        (its record, what its default did, {step: what of that step follows from it}). None where no
-        rank used the default for anything: an option declared and never read is no mistake."""
-        local = [(r, e) for r, e in self.job.records("arg") if "local" in e["option"] and not e["given"]]
-        if not local or len({r for r, _ in local}) < len(self.job.ranks):
-            return None
-        if len({json.dumps(e["value"]) for _, e in local}) > 1 or self.default_from_local_rank(
-            e := local[0][1]
-        ):
-            return None  # a default read from LOCAL_RANK (default=int(os.environ["LOCAL_RANK"])): torchrun's
-        e = local[0][1]
-        dest = e["option"].lstrip("-").replace("-", "_")
-        if self.option_set(dest):
-            return None  # the script sets it itself after parsing (from LOCAL_RANK, most often)
-        uses = {at for at, _, _ in self.option_uses(dest)}
-        effects, follows, crashed = [], {}, False
-        gpus = [g for _, g in self.job.records("gpu") if g["at"] in uses]
-        if gpus:
-            effects.append(f"every rank took cuda:{gpus[0]['index']} from it ({self.code(gpus[0]['at'])})")
-            follows[2] = f"every rank's GPU comes from {e['option']}, which torchrun does not pass"
-        if self.crash and self.crash[1]["at"] in uses:
-            r, c = self.crash
-            effects.append(
-                f"rank {r} failed with it at {self.code(c['at'])}: {c['type']}: {short(c['message'])}"
-            )
-            crashed = True
-        ranks = [i for _, i in self.job.records("init") if i["rank"] == e["value"] and i["at"] in uses]
-        if ranks:
-            effects.append(
-                f"every rank passed rank={e['value']!r} to init_process_group() at {ranks[0]['at']}"
-            )
-            follows[1] = f"the rank passed to init_process_group() is {e['option']}'s default"
-        for at, text, result, saves, acts in self.decided_guards(dest, e["value"]):
-            if acts:
-                effects.append(f"`if {text}:` at {at} is {result} on every rank")
-            if saves:
-                where_saved = ", ".join(saves)
-                effects[-1:] = [f"{effects[-1]}: no rank reaches the save at {where_saved}"] if acts else []
-                follows[6] = (
-                    f"no rank reaches the save at {where_saved} (`if {text}:` is {result} on every rank)"
-                )
-        return (e, effects, follows, crashed) if effects else None
-
-    def default_from_local_rank(self, arg):
-        """Whether the option's default is read from LOCAL_RANK: the script read it inside the
-        add_argument() (or set_defaults()) call that names the option."""
-        reads = {e["at"] for _, e in self.job.records("read") if e["key"] == "LOCAL_RANK" and e["found"]}
+    def default_from_local_rank(self, arg, reads):
+        """Whether the option's default is read from LOCAL_RANK: the script read it (reads: where it was
+        read, file:line) inside the add_argument() (or set_defaults()) call that names the option."""
         dest = arg["option"].lstrip("-").replace("-", "_")
         for path in self.job.sources:
             tree, source = self.tree(path), self.job.source(path)
@@ -3466,19 +3319,21 @@ class Facts:
             if re.search(pattern, text) and not text.lstrip().startswith("#")
         ]
 
-    def unreached_saves(self):
-        """torch.save( calls in the script's files that no rank made: file:line, in order."""
-        made = {e["at"] for _, e in self.job.records("save")}
-        found = []
+    def calls(self, name):
+        """The calls of `name` (torch.save, torch.load) in the script's files, reached or not: (file:line,
+        {keyword: its value where a constant, else UNDECIDED}), in order."""
+        found = {}
         for path in sorted(self.job.sources):
-            tree = self.tree(path)
+            tree, source = self.tree(path), self.job.source(path)
             for node in ast.walk(tree) if tree else ():
-                segment = (
-                    ast.get_source_segment(self.job.source(path), node) if isinstance(node, ast.Call) else ""
-                )
-                if segment and re.match(r"torch\.save\(", segment) and f"{path}:{node.lineno}" not in made:
-                    found.append(f"{path}:{node.lineno}")
-        return sorted(set(found), key=by_line)
+                if isinstance(node, ast.Call) and ast.get_source_segment(source, node.func) == name:
+                    keywords = {
+                        k.arg: k.value.value if isinstance(k.value, ast.Constant) else UNDECIDED
+                        for k in node.keywords
+                        if k.arg
+                    }
+                    found[f"{path}:{node.lineno}"] = keywords
+        return sorted(found.items(), key=lambda item: by_line(item[0]))
 
 
 UNDECIDED = object()  # a value the source alone does not tell
@@ -3883,14 +3738,122 @@ def step_1_summary(f):
 # their steps: a hang explains what else looks wrong.
 
 
+def fell_out_of_step(f):
+    """How the ranks fell out of step, if they did: the text of a hang (where each rank waits),
+    or of a rank that lost its peers; None. Asked by the rules after step 1, once step 1 has said
+    whether it explains a hang (the ranks never met)."""
+    job = f.job
+    if job.records("spawn"):
+        return None  # processes of the script's own: step 8's
+    if job.hung and job.records("met") and "hang" not in f.explained:
+        return f"the job stopped making progress ({job.silence:g} s without any): {where_each_waits(f)}"
+    if f.crash and COMMUNICATION_ERROR.search(f.crash[1]["message"]) and why_out_of_step(f, hang=False):
+        rank, e = f.crash
+        return f"rank {rank} lost its peers at {f.code(e['at'])} ({short(e['message'])})"
+    # no rank's error: a rank killed (gloo aborts one whose collective's sizes differ), and torchrun
+    # stopped the others before their own error came (seen under load)
+    if job.returncode and not f.crash and not job.records("exit") and why_out_of_step(f, hang=False):
+        return f"the job was stopped, no rank's error recorded: {where_each_was(f)}"
+    return None
+
+
+def where_each_was(f):
+    """Each rank's last known place, from its last record that says one: where the main thread
+    was (twice a second), or a collective it called since."""
+    parts = []
+    for rank, events in sorted(f.job.ranks.items()):
+        call = at = None
+        for e in events:
+            if e["e"] == "now" and e["stack"]:
+                call, at = e["call"], e["stack"][0]
+            elif e["e"] == "coll":
+                call, at = f"torch.distributed.{e['name']}", e["at"]
+        what = CALLS[call].label if call in CALLS else "its own code"
+        parts.append(f"rank {rank} was last in {what} at {f.code(at)}" if at else f"rank {rank}: not known")
+    return "; ".join(parts)
+
+
+def unmatched_text(f):
+    i, calls = f.unmatched_collective
+    said = [
+        f"rank {r} called dist.{c['name']}() at {f.code(c['at'])}" if c else f"rank {r} called none"
+        for r, c in sorted(calls.items())
+    ]
+    return f"the ranks' {ordinal(i + 1)} collectives differ: " + "; ".join(said)
+
+
+def where_each_waits(f):
+    parts = []
+    for rank in sorted(f.job.ranks):
+        call, at, _ = f.waiting.get(rank, (None, None, []))
+        what = CALLS[call].label if call in CALLS else "its own code"
+        if call == BACKWARD and f.job.records("ddp"):
+            what = "backward(), DDP's gradient all-reduce"
+        parts.append(f"rank {rank} waits in {what} at {f.code(at)}" if at else f"rank {rank}: not known")
+    return "; ".join(parts) or "no rank started"
+
+
+def why_out_of_step(f, hang=True):
+    """Why the ranks fell out of step, seen from what each did: (what kind of cause, the cause as
+    evidence: "rank_block", a collective only some ranks reach; "uneven", ranks with different
+    numbers of batches; "early_stop", ranks that left the loop apart; "unmatched", collectives that
+    differ between ranks), or None. Each rank's collectives, compared, show it on every run, whether
+    the job hung, failed, or (by luck, pairing calls that do not belong together) ended; only a hang shows
+    where each rank waits."""
+    unmatched = f.unmatched_collective
+    for r, c in sorted(unmatched[1].items()) if unmatched else ():
+        condition = c and f.source.rank_condition(c["at"])
+        if condition:
+            return (
+                "rank_block",
+                f"{unmatched_text(f)}: rank {r}'s is inside `{condition}`, which only some ranks meet",
+            )
+    for _, (call, at, stack) in sorted(f.waiting.items() if hang else ()):
+        for line in stack if call and call != BACKWARD else ():
+            condition = f.source.rank_condition(line)
+            if condition:
+                reached = f"{CALLS[call].label} at {at}" + (f", called from {line}," if line != at else "")
+                return "rank_block", f"{reached} is inside `{condition}`: only some ranks reach it"
+    if not f.job.records("join"):
+        for loader in f.loaders.values():
+            batches = {r: e["batches"] for r, e in loader["made"].items() if e["batches"] is not None}
+            if loader["training"] and len(set(batches.values())) > 1:
+                return "uneven", (
+                    "the ranks have different numbers of batches an epoch ("
+                    + ", ".join(f"rank {r}: {n}" for r, n in sorted(batches.items()))
+                    + f", DataLoader at {next(iter(loader['made'].values()))['at']}): uneven inputs, and "
+                    "every backward() all-reduces with every rank"
+                )
+    steps = {r: len([e for e in events if e["e"] == "step"]) for r, events in f.job.ranks.items()}
+    if len(set(steps.values())) > 1:
+        return "early_stop", (
+            "the ranks left the training loop at different steps ("
+            + ", ".join(f"rank {r}: {c}" for r, c in sorted(steps.items()))
+            + ")"
+        )
+    epochs = {  # a rank that went on began a pass over the training data that another did not
+        r: len([e for e in events if e["e"] == "pass" and e["loader"] in f.training_loaders])
+        for r, events in f.job.ranks.items()
+    }
+    if len(set(epochs.values())) > 1:
+        return "early_stop", (
+            "the ranks left the training loop in different epochs ("
+            + ", ".join(f"rank {r}: {plural(c, 'pass')}" for r, c in sorted(epochs.items()))
+            + " over the training data)"
+        )
+    if unmatched:
+        return "unmatched", unmatched_text(f)
+    return None
+
+
 def out_of_step(f, kind):
     """The finding of a rule about ranks falling out of step, when the cause is of its kind (None:
     no cause the records show)."""
-    stall = f.stall()
+    stall = fell_out_of_step(f)
     if stall is None and f.unmatched_collective is None:
         return None
     hang = f.job.hung and "hang" not in f.explained
-    cause = f.cause(hang=hang)
+    cause = why_out_of_step(f, hang=hang)
     if (cause[0] if cause else None) != kind:
         return None
     follows = None
@@ -4003,7 +3966,7 @@ def stopped_making_progress(f):
         found.step = 5
         return found
     if (f.job.hung or f.job.stuck_at_exit) and not any(line.verdict == "FAIL" for line in f.lines):
-        return Found(f"the check stopped the job: {f.where_each_waits()}", step=5)
+        return Found(f"the check stopped the job: {where_each_waits(f)}", step=5)
     return None
 
 
@@ -4828,7 +4791,9 @@ def several_ranks_overwrite(f):
     }
     writers = {}
     for rank, e in f.job.records("write"):
-        emptied = e["at"] in f.emptied_at  # `with open(path, "w"): pass`: emptied, nothing written over
+        emptied = (
+            e["at"] in f.source.emptied_at
+        )  # `with open(path, "w"): pass`: emptied, nothing written over
         if (
             e["mode"] == "overwrite"
             and e["path"] not in saved
@@ -4906,7 +4871,8 @@ def no_optimizer_state(f):
 def step_6_summary(f):
     saves = f.saved_files
     if not saves:
-        unreached = f.unreached_saves()
+        made = {e["at"] for _, e in f.job.records("save")}
+        unreached = [at for at, _ in f.source.calls("torch.save") if at not in made]
         if unreached:
             return "--", f"not checked: no rank reached the torch.save() at {', '.join(unreached[:3])}"
         return "--", "not checked: the script saved nothing with torch.save()"
@@ -5013,6 +4979,46 @@ def starts_own_processes(f):
     return None
 
 
+def unpassed_local_rank(f):
+    """--local_rank (or --local-rank), which torchrun never passes, used for what the job did:
+    (its record, what its default did, {step: what of that step follows from it}). None where no
+    rank used the default for anything: an option declared and never read is no mistake."""
+    local = [(r, e) for r, e in f.job.records("arg") if "local" in e["option"] and not e["given"]]
+    if not local or len({r for r, _ in local}) < len(f.job.ranks):
+        return None
+    reads = {e["at"] for _, e in f.job.records("read") if e["key"] == "LOCAL_RANK" and e["found"]}
+    if len({json.dumps(e["value"]) for _, e in local}) > 1 or f.source.default_from_local_rank(
+        local[0][1], reads
+    ):
+        return None  # a default read from LOCAL_RANK (default=int(os.environ["LOCAL_RANK"])): torchrun's
+    e = local[0][1]
+    dest = e["option"].lstrip("-").replace("-", "_")
+    if f.source.option_set(dest):
+        return None  # the script sets it itself after parsing (from LOCAL_RANK, most often)
+    uses = {at for at, _, _ in f.source.option_uses(dest)}
+    effects, follows, crashed = [], {}, False
+    gpus = [g for _, g in f.job.records("gpu") if g["at"] in uses]
+    if gpus:
+        effects.append(f"every rank took cuda:{gpus[0]['index']} from it ({f.code(gpus[0]['at'])})")
+        follows[2] = f"every rank's GPU comes from {e['option']}, which torchrun does not pass"
+    if f.crash and f.crash[1]["at"] in uses:
+        r, c = f.crash
+        effects.append(f"rank {r} failed with it at {f.code(c['at'])}: {c['type']}: {short(c['message'])}")
+        crashed = True
+    ranks = [i for _, i in f.job.records("init") if i["rank"] == e["value"] and i["at"] in uses]
+    if ranks:
+        effects.append(f"every rank passed rank={e['value']!r} to init_process_group() at {ranks[0]['at']}")
+        follows[1] = f"the rank passed to init_process_group() is {e['option']}'s default"
+    for at, text, result, saves, acts in f.source.decided_guards(dest, e["value"]):
+        if acts:
+            effects.append(f"`if {text}:` at {at} is {result} on every rank")
+        if saves:
+            where_saved = ", ".join(saves)
+            effects[-1:] = [f"{effects[-1]}: no rank reaches the save at {where_saved}"] if acts else []
+            follows[6] = f"no rank reaches the save at {where_saved} (`if {text}:` is {result} on every rank)"
+    return (e, effects, follows, crashed) if effects else None
+
+
 @rule(
     "DDP805",
     "FAIL",
@@ -5031,7 +5037,7 @@ def rank_from_arguments(f):
     one rank. Read who the process is from the environment.
     """
     records = f.job.records("arg")
-    unpassed = f.unpassed_local_rank
+    unpassed = unpassed_local_rank(f)
     if unpassed:
         e, effects, follows, crashed = unpassed
         return Found(
@@ -5139,7 +5145,7 @@ def hung_before_the_group(f):
         return None
     return Found(
         f"the job stopped making progress ({job.silence:g} s without any) before any rank called "
-        f"init_process_group(): {f.where_each_waits()}"
+        f"init_process_group(): {where_each_waits(f)}"
     )
 
 
@@ -5247,7 +5253,7 @@ def steps_on_gradients_never_all_reduced(f):
     if not steps or not f.job.records("ddp"):
         return None
     total = len([e for _, e in f.job.records("step") if e["forward"] and e["backward"]])
-    sets = f.assignments("require_backward_grad_sync")
+    sets = f.source.assignments("require_backward_grad_sync")
     where_set = f" (it is set at {', '.join(f.code(at) for at in sets[:2])})" if sets else ""
     differ = f" The replicas differ at the end: {f.weights_differ}." if f.weights_differ else ""
     return Found(
