@@ -3548,6 +3548,154 @@ def plural(n, word):
 # (python check_ddp.py --explain CODE): its first line the summary; then what happens, why, and
 # what to do.
 
+# What several steps' rules share: ranks that fall out of step (the job hangs, or a rank loses its
+# peers). Each cause is the rule of the step the README teaches it in (uneven inputs: DDP307, step 3; a
+# collective only some ranks call: DDP508, step 5; one in a rank-only block: DDP609, step 6; an early
+# stop each rank decides alone: DDP1007, step 10), a cause the records do not show DDP504's (at the
+# end). Each is tried first in its step: a hang explains what else looks wrong.
+
+
+def fell_out_of_step(f):
+    """How the ranks fell out of step, if they did: the text of a hang (where each rank waits),
+    or of a rank that lost its peers; None. Asked by the rules after step 1, once step 1 has said
+    whether it explains a hang (the ranks never met)."""
+    job = f.job
+    if job.records("spawn"):
+        return None  # processes of the script's own: step 8's
+    if job.hung and job.records("met") and "hang" not in f.explained:
+        return f"the job stopped making progress ({job.silence:g} s without any): {where_each_waits(f)}"
+    if f.crash and COMMUNICATION_ERROR.search(f.crash[1]["message"]) and why_out_of_step(f, hang=False):
+        rank, e = f.crash
+        return f"rank {rank} lost its peers at {f.code(e['at'])} ({short(e['message'])})"
+    # no rank's error: a rank killed (gloo aborts one whose collective's sizes differ), and torchrun
+    # stopped the others before their own error came (seen under load)
+    if job.returncode and not f.crash and not job.records("exit") and why_out_of_step(f, hang=False):
+        return f"the job was stopped, no rank's error recorded: {where_each_was(f)}"
+    return None
+
+
+def where_each_was(f):
+    """Each rank's last known place, from its last record that says one: where the main thread
+    was (twice a second), or a collective it called since."""
+    parts = []
+    for rank, events in sorted(f.job.ranks.items()):
+        call = at = None
+        for e in events:
+            if e["e"] == "now" and e["stack"]:
+                call, at = e["call"], e["stack"][0]
+            elif e["e"] == "coll":
+                call, at = f"torch.distributed.{e['name']}", e["at"]
+        what = CALLS[call].label if call in CALLS else "its own code"
+        parts.append(f"rank {rank} was last in {what} at {f.code(at)}" if at else f"rank {rank}: not known")
+    return "; ".join(parts)
+
+
+def unmatched_text(f):
+    i, calls = f.unmatched_collective
+    said = [
+        f"rank {r} called dist.{c['name']}() at {f.code(c['at'])}" if c else f"rank {r} called none"
+        for r, c in sorted(calls.items())
+    ]
+    return f"the ranks' {ordinal(i + 1)} collectives differ: " + "; ".join(said)
+
+
+def where_each_waits(f):
+    parts = []
+    for rank in sorted(f.job.ranks):
+        call, at, _ = f.waiting.get(rank, (None, None, []))
+        what = CALLS[call].label if call in CALLS else "its own code"
+        if call == BACKWARD and f.job.records("ddp"):
+            what = "backward(), DDP's gradient all-reduce"
+        parts.append(f"rank {rank} waits in {what} at {f.code(at)}" if at else f"rank {rank}: not known")
+    return "; ".join(parts) or "no rank started"
+
+
+def why_out_of_step(f, hang=True):
+    """Why the ranks fell out of step, seen from what each did: (what kind of cause, the cause as
+    evidence: "rank_block", a collective only some ranks reach; "uneven", ranks with different
+    numbers of batches; "early_stop", ranks that left the loop apart; "unmatched", collectives that
+    differ between ranks), or None. Each rank's collectives, compared, show it on every run, whether
+    the job hung, failed, or (by luck, pairing calls that do not belong together) ended; only a hang shows
+    where each rank waits."""
+    unmatched = f.unmatched_collective
+    for r, c in sorted(unmatched[1].items()) if unmatched else ():
+        condition = c and f.source.rank_condition(c["at"])
+        if condition:
+            return (
+                "rank_block",
+                f"{unmatched_text(f)}: rank {r}'s is inside `{condition}`, which only some ranks meet",
+            )
+    for _, (call, at, stack) in sorted(f.waiting.items() if hang else ()):
+        for line in stack if call and call != BACKWARD else ():
+            condition = f.source.rank_condition(line)
+            if condition:
+                reached = f"{CALLS[call].label} at {at}" + (f", called from {line}," if line != at else "")
+                return "rank_block", f"{reached} is inside `{condition}`: only some ranks reach it"
+    if not f.job.records("join"):
+        for loader in f.loaders.values():
+            batches = {r: e["batches"] for r, e in loader["made"].items() if e["batches"] is not None}
+            if loader["training"] and len(set(batches.values())) > 1:
+                return "uneven", (
+                    "the ranks have different numbers of batches an epoch ("
+                    + ", ".join(f"rank {r}: {n}" for r, n in sorted(batches.items()))
+                    + f", DataLoader at {next(iter(loader['made'].values()))['at']}): uneven inputs, and "
+                    "every backward() all-reduces with every rank"
+                )
+    steps = {r: len([e for e in events if e["e"] == "step"]) for r, events in f.job.ranks.items()}
+    if len(set(steps.values())) > 1:
+        return "early_stop", (
+            "the ranks left the training loop at different steps ("
+            + ", ".join(f"rank {r}: {c}" for r, c in sorted(steps.items()))
+            + ")"
+        )
+    epochs = {  # a rank that went on began a pass over the training data that another did not
+        r: len([e for e in events if e["e"] == "pass" and e["loader"] in f.training_loaders])
+        for r, events in f.job.ranks.items()
+    }
+    if len(set(epochs.values())) > 1:
+        return "early_stop", (
+            "the ranks left the training loop in different epochs ("
+            + ", ".join(f"rank {r}: {plural(c, 'pass')}" for r, c in sorted(epochs.items()))
+            + " over the training data)"
+        )
+    if unmatched:
+        return "unmatched", unmatched_text(f)
+    return None
+
+
+def out_of_step(f, kind):
+    """The finding of a rule about ranks falling out of step, when the cause is of its kind (None:
+    no cause the records show)."""
+    stall = fell_out_of_step(f)
+    if stall is None and f.unmatched_collective is None:
+        return None
+    hang = f.job.hung and "hang" not in f.explained
+    cause = why_out_of_step(f, hang=hang)
+    if (cause[0] if cause else None) != kind:
+        return None
+    follows = None
+    unmatched = f.unmatched_collective
+    if unmatched and kind in (
+        "rank_block",
+        "unmatched",
+    ):  # a metric all-reduced on some ranks only: its step's too
+        names = {c["at"] for c in unmatched[1].values() if c and c["name"] in REDUCING}
+        said = f"its all-reduce at {', '.join(sorted(names))} is one only some ranks call"
+        follows = {
+            step: said
+            for step, evaluating in ((5, False), (10, True))
+            if names
+            and set(reduced_sites(f, evaluating=evaluating)) <= names
+            and reduced_sites(f, evaluating)
+        }
+    said = cause[1][0].upper() + cause[1][1:] if cause else ""
+    if stall is None:  # the job ended, as if well: the ranks' collectives say otherwise
+        return Found(said, follows=follows)
+    if hang:
+        return Found(stall + (f". {said}" if cause else ""), follows=follows)
+    return Found(f"{stall}. {said}", explains=("crash",), follows=follows)
+
+
 # DDP step 1: init the process group
 
 
@@ -3732,244 +3880,6 @@ def step_1_summary(f):
     return "ok", f"{len(met)} ranks met ({backend}) at {inits[0][1]['at']}, in {seconds:.1f} s"
 
 
-# Ranks that fall out of step: the job hangs, or a rank loses its peers. Each cause is filed under
-# the step the README teaches it in (a collective in a rank-only block: 6; uneven inputs: 3; an early
-# stop each rank decides alone: 10), a cause the records do not show under step 5. Tried first in
-# their steps: a hang explains what else looks wrong.
-
-
-def fell_out_of_step(f):
-    """How the ranks fell out of step, if they did: the text of a hang (where each rank waits),
-    or of a rank that lost its peers; None. Asked by the rules after step 1, once step 1 has said
-    whether it explains a hang (the ranks never met)."""
-    job = f.job
-    if job.records("spawn"):
-        return None  # processes of the script's own: step 8's
-    if job.hung and job.records("met") and "hang" not in f.explained:
-        return f"the job stopped making progress ({job.silence:g} s without any): {where_each_waits(f)}"
-    if f.crash and COMMUNICATION_ERROR.search(f.crash[1]["message"]) and why_out_of_step(f, hang=False):
-        rank, e = f.crash
-        return f"rank {rank} lost its peers at {f.code(e['at'])} ({short(e['message'])})"
-    # no rank's error: a rank killed (gloo aborts one whose collective's sizes differ), and torchrun
-    # stopped the others before their own error came (seen under load)
-    if job.returncode and not f.crash and not job.records("exit") and why_out_of_step(f, hang=False):
-        return f"the job was stopped, no rank's error recorded: {where_each_was(f)}"
-    return None
-
-
-def where_each_was(f):
-    """Each rank's last known place, from its last record that says one: where the main thread
-    was (twice a second), or a collective it called since."""
-    parts = []
-    for rank, events in sorted(f.job.ranks.items()):
-        call = at = None
-        for e in events:
-            if e["e"] == "now" and e["stack"]:
-                call, at = e["call"], e["stack"][0]
-            elif e["e"] == "coll":
-                call, at = f"torch.distributed.{e['name']}", e["at"]
-        what = CALLS[call].label if call in CALLS else "its own code"
-        parts.append(f"rank {rank} was last in {what} at {f.code(at)}" if at else f"rank {rank}: not known")
-    return "; ".join(parts)
-
-
-def unmatched_text(f):
-    i, calls = f.unmatched_collective
-    said = [
-        f"rank {r} called dist.{c['name']}() at {f.code(c['at'])}" if c else f"rank {r} called none"
-        for r, c in sorted(calls.items())
-    ]
-    return f"the ranks' {ordinal(i + 1)} collectives differ: " + "; ".join(said)
-
-
-def where_each_waits(f):
-    parts = []
-    for rank in sorted(f.job.ranks):
-        call, at, _ = f.waiting.get(rank, (None, None, []))
-        what = CALLS[call].label if call in CALLS else "its own code"
-        if call == BACKWARD and f.job.records("ddp"):
-            what = "backward(), DDP's gradient all-reduce"
-        parts.append(f"rank {rank} waits in {what} at {f.code(at)}" if at else f"rank {rank}: not known")
-    return "; ".join(parts) or "no rank started"
-
-
-def why_out_of_step(f, hang=True):
-    """Why the ranks fell out of step, seen from what each did: (what kind of cause, the cause as
-    evidence: "rank_block", a collective only some ranks reach; "uneven", ranks with different
-    numbers of batches; "early_stop", ranks that left the loop apart; "unmatched", collectives that
-    differ between ranks), or None. Each rank's collectives, compared, show it on every run, whether
-    the job hung, failed, or (by luck, pairing calls that do not belong together) ended; only a hang shows
-    where each rank waits."""
-    unmatched = f.unmatched_collective
-    for r, c in sorted(unmatched[1].items()) if unmatched else ():
-        condition = c and f.source.rank_condition(c["at"])
-        if condition:
-            return (
-                "rank_block",
-                f"{unmatched_text(f)}: rank {r}'s is inside `{condition}`, which only some ranks meet",
-            )
-    for _, (call, at, stack) in sorted(f.waiting.items() if hang else ()):
-        for line in stack if call and call != BACKWARD else ():
-            condition = f.source.rank_condition(line)
-            if condition:
-                reached = f"{CALLS[call].label} at {at}" + (f", called from {line}," if line != at else "")
-                return "rank_block", f"{reached} is inside `{condition}`: only some ranks reach it"
-    if not f.job.records("join"):
-        for loader in f.loaders.values():
-            batches = {r: e["batches"] for r, e in loader["made"].items() if e["batches"] is not None}
-            if loader["training"] and len(set(batches.values())) > 1:
-                return "uneven", (
-                    "the ranks have different numbers of batches an epoch ("
-                    + ", ".join(f"rank {r}: {n}" for r, n in sorted(batches.items()))
-                    + f", DataLoader at {next(iter(loader['made'].values()))['at']}): uneven inputs, and "
-                    "every backward() all-reduces with every rank"
-                )
-    steps = {r: len([e for e in events if e["e"] == "step"]) for r, events in f.job.ranks.items()}
-    if len(set(steps.values())) > 1:
-        return "early_stop", (
-            "the ranks left the training loop at different steps ("
-            + ", ".join(f"rank {r}: {c}" for r, c in sorted(steps.items()))
-            + ")"
-        )
-    epochs = {  # a rank that went on began a pass over the training data that another did not
-        r: len([e for e in events if e["e"] == "pass" and e["loader"] in f.training_loaders])
-        for r, events in f.job.ranks.items()
-    }
-    if len(set(epochs.values())) > 1:
-        return "early_stop", (
-            "the ranks left the training loop in different epochs ("
-            + ", ".join(f"rank {r}: {plural(c, 'pass')}" for r, c in sorted(epochs.items()))
-            + " over the training data)"
-        )
-    if unmatched:
-        return "unmatched", unmatched_text(f)
-    return None
-
-
-def out_of_step(f, kind):
-    """The finding of a rule about ranks falling out of step, when the cause is of its kind (None:
-    no cause the records show)."""
-    stall = fell_out_of_step(f)
-    if stall is None and f.unmatched_collective is None:
-        return None
-    hang = f.job.hung and "hang" not in f.explained
-    cause = why_out_of_step(f, hang=hang)
-    if (cause[0] if cause else None) != kind:
-        return None
-    follows = None
-    unmatched = f.unmatched_collective
-    if unmatched and kind in (
-        "rank_block",
-        "unmatched",
-    ):  # a metric all-reduced on some ranks only: its step's too
-        names = {c["at"] for c in unmatched[1].values() if c and c["name"] in REDUCING}
-        said = f"its all-reduce at {', '.join(sorted(names))} is one only some ranks call"
-        follows = {
-            step: said
-            for step, evaluating in ((5, False), (10, True))
-            if names
-            and set(reduced_sites(f, evaluating=evaluating)) <= names
-            and reduced_sites(f, evaluating)
-        }
-    said = cause[1][0].upper() + cause[1][1:] if cause else ""
-    if stall is None:  # the job ended, as if well: the ranks' collectives say otherwise
-        return Found(said, follows=follows)
-    if hang:
-        return Found(stall + (f". {said}" if cause else ""), follows=follows)
-    return Found(f"{stall}. {said}", explains=("crash",), follows=follows)
-
-
-@rule(
-    "DDP609",
-    "FAIL",
-    see="rank_zero_collective",
-    help="take the collective out of the rank-only block: every rank must call it",
-)
-def collective_in_rank_block(f):
-    """A collective inside a rank-only block (if rank == 0:): the other ranks never reach it.
-
-    A collective (all_reduce, barrier, broadcast, and DDP's own, in forward and backward)
-    returns only once every rank has called it. Called inside `if rank == 0:`, it waits forever
-    for ranks that took the other branch; they meanwhile wait in their next collective. Take
-    the collective out of the block: every rank calls it, and only the writing stays on rank 0.
-    """
-    return out_of_step(f, "rank_block")
-
-
-@rule(
-    "DDP307",
-    "FAIL",
-    see="uneven",
-    help="give every rank as many batches: DistributedSampler (it pads, or drops with drop_last=True), or "
-    "run the loop inside torch.distributed.algorithms.join.Join([model])",
-)
-def uneven_inputs(f):
-    """Uneven inputs: the ranks have different numbers of batches an epoch, and DDP waits for the first done.
-
-    Every backward() through DDP all-reduces with every rank. A rank with fewer batches leaves
-    the loop first; the others wait in their next all-reduce for a rank that never comes (or,
-    on gloo, fail on mismatched sizes). Give every rank as many batches (DistributedSampler pads
-    or drops to make them equal), or train inside Join([model]), which lets ranks finish apart.
-    """
-    return out_of_step(f, "uneven")
-
-
-@rule(
-    "DDP1007",
-    "FAIL",
-    see="early_stop",
-    help="decide to stop from values every rank has (all-reduce the metric first), so that all stop together",
-)
-def left_loop_apart(f):
-    """The ranks left the training loop at different steps (an early stop decided by each rank alone).
-
-    A decision to stop taken from a rank's own loss, a time limit, or a local counter, differs
-    between ranks: one leaves, the others wait in their next collective. Decide from values
-    every rank has, all-reduced, so that all stop at the same step.
-    """
-    return out_of_step(f, "early_stop")
-
-
-@rule(
-    "DDP508",
-    "FAIL",
-    see="rank_zero_collective",
-    help="every rank must call the same collectives, in the same order: take each out of any branch only "
-    "some ranks take",
-)
-def collectives_differ(f):
-    """The ranks called different collectives: a call one rank makes and another does not.
-
-    A collective pairs each rank's call with the other ranks' calls in the order they come. When
-    one rank calls all_reduce where another calls barrier, or nothing, the calls that meet do not
-    belong together: the job hangs, fails on mismatched sizes, or (worse) goes on with numbers
-    that mean nothing. Compared rank by rank, the first call that differs is where they part.
-    """
-    return out_of_step(f, "unmatched")
-
-
-@rule(
-    "DDP504",
-    "FAIL",
-    see="rank_zero_collective",
-    help="every rank must reach the same collectives, in the same order",
-)
-def stopped_making_progress(f):
-    """The job stopped making progress after its ranks met, for a reason the records do not show.
-
-    The report names where each rank waits. Most often a rank waits in a collective that another
-    rank never reaches, or reaches in a different order. A job the check had to stop is never a
-    pass: where no other line says why it stopped, this one does, under DDP step 5.
-    """
-    found = out_of_step(f, None)
-    if found is not None:
-        found.step = 5
-        return found
-    if (f.job.hung or f.job.stuck_at_exit) and not any(line.verdict == "FAIL" for line in f.lines):
-        return Found(f"the check stopped the job: {where_each_waits(f)}", step=5)
-    return None
-
-
 # DDP step 2: place each process on its device
 
 
@@ -4126,6 +4036,24 @@ def step_2_summary(f):
 
 
 # DDP step 3: shard the data
+
+
+@rule(
+    "DDP307",
+    "FAIL",
+    see="uneven",
+    help="give every rank as many batches: DistributedSampler (it pads, or drops with drop_last=True), or "
+    "run the loop inside torch.distributed.algorithms.join.Join([model])",
+)
+def uneven_inputs(f):
+    """Uneven inputs: the ranks have different numbers of batches an epoch, and DDP waits for the first done.
+
+    Every backward() through DDP all-reduces with every rank. A rank with fewer batches leaves
+    the loop first; the others wait in their next all-reduce for a rank that never comes (or,
+    on gloo, fail on mismatched sizes). Give every rank as many batches (DistributedSampler pads
+    or drops to make them equal), or train inside Join([model]), which lets ranks finish apart.
+    """
+    return out_of_step(f, "uneven")
 
 
 @rule(
@@ -4555,6 +4483,24 @@ def step_4_summary(f):
 
 
 @rule(
+    "DDP508",
+    "FAIL",
+    see="rank_zero_collective",
+    help="every rank must call the same collectives, in the same order: take each out of any branch only "
+    "some ranks take",
+)
+def collectives_differ(f):
+    """The ranks called different collectives: a call one rank makes and another does not.
+
+    A collective pairs each rank's call with the other ranks' calls in the order they come. When
+    one rank calls all_reduce where another calls barrier, or nothing, the calls that meet do not
+    belong together: the job hangs, fails on mismatched sizes, or (worse) goes on with numbers
+    that mean nothing. Compared rank by rank, the first call that differs is where they part.
+    """
+    return out_of_step(f, "unmatched")
+
+
+@rule(
     "DDP505",
     "warn",
     see="metrics",
@@ -4658,6 +4604,23 @@ def step_5_summary(f):
 
 
 @rule(
+    "DDP609",
+    "FAIL",
+    see="rank_zero_collective",
+    help="take the collective out of the rank-only block: every rank must call it",
+)
+def collective_in_rank_block(f):
+    """A collective inside a rank-only block (if rank == 0:): the other ranks never reach it.
+
+    A collective (all_reduce, barrier, broadcast, and DDP's own, in forward and backward)
+    returns only once every rank has called it. Called inside `if rank == 0:`, it waits forever
+    for ranks that took the other branch; they meanwhile wait in their next collective. Take
+    the collective out of the block: every rank calls it, and only the writing stays on rank 0.
+    """
+    return out_of_step(f, "rank_block")
+
+
+@rule(
     "DDP601",
     "FAIL",
     see="unsafe_load",
@@ -4717,6 +4680,41 @@ def every_rank_saves(f):
     return None
 
 
+@rule(
+    "DDP610",
+    "FAIL",
+    help="write the file from one rank (if dist.get_rank() == 0:), or name one file per rank",
+)
+def several_ranks_overwrite(f):
+    """Several ranks write the same file over (a log, settings, results): it ends torn, or as one rank's.
+
+    Each process opens the file to write it whole, at about the same moment: they truncate each
+    other's work, and what is left is one rank's, or a mix. On several nodes sharing a folder, a
+    guard on the local rank still leaves one writer per node. Write from global rank 0 alone, or
+    give each rank a file of its own.
+    """
+    saved = {f.renamed.get(e["path"], e["path"]) for _, e in f.saved_files} | {
+        e["path"] for _, e in f.saved_files
+    }
+    writers = {}
+    for rank, e in f.job.records("write"):
+        emptied = (
+            e["at"] in f.source.emptied_at
+        )  # `with open(path, "w"): pass`: emptied, nothing written over
+        if (
+            e["mode"] == "overwrite"
+            and e["path"] not in saved
+            and not e["path"].endswith(".lock")
+            and not emptied
+        ):
+            writers.setdefault(f.renamed.get(e["path"], e["path"]), {})[rank] = e
+    for path, by in sorted(writers.items()):
+        if len(by) > 1:
+            e = next(iter(by.values()))
+            return Found(f"{ranks_text(by)} {both(by)} wrote {f.job.relpath(path)} over at {f.code(e['at'])}")
+    return None
+
+
 @rule("DDP603", "warn", see="wrapped_state_dict", help="save model.module.state_dict(), the model DDP wraps")
 def wrapped_state_dict(f):
     """The checkpoint holds the DDP wrapper's state_dict(): every key starts with module.
@@ -4770,41 +4768,6 @@ def pickles_wrapper(f):
     for _, e in f.job.records("save"):
         if e["what"]["module"] == "DistributedDataParallel":
             return Found(f"{f.code(e['at'])} pickles the DDP wrapper itself")
-    return None
-
-
-@rule(
-    "DDP610",
-    "FAIL",
-    help="write the file from one rank (if dist.get_rank() == 0:), or name one file per rank",
-)
-def several_ranks_overwrite(f):
-    """Several ranks write the same file over (a log, settings, results): it ends torn, or as one rank's.
-
-    Each process opens the file to write it whole, at about the same moment: they truncate each
-    other's work, and what is left is one rank's, or a mix. On several nodes sharing a folder, a
-    guard on the local rank still leaves one writer per node. Write from global rank 0 alone, or
-    give each rank a file of its own.
-    """
-    saved = {f.renamed.get(e["path"], e["path"]) for _, e in f.saved_files} | {
-        e["path"] for _, e in f.saved_files
-    }
-    writers = {}
-    for rank, e in f.job.records("write"):
-        emptied = (
-            e["at"] in f.source.emptied_at
-        )  # `with open(path, "w"): pass`: emptied, nothing written over
-        if (
-            e["mode"] == "overwrite"
-            and e["path"] not in saved
-            and not e["path"].endswith(".lock")
-            and not emptied
-        ):
-            writers.setdefault(f.renamed.get(e["path"], e["path"]), {})[rank] = e
-    for path, by in sorted(writers.items()):
-        if len(by) > 1:
-            e = next(iter(by.values()))
-            return Found(f"{ranks_text(by)} {both(by)} wrote {f.job.relpath(path)} over at {f.code(e['at'])}")
     return None
 
 
@@ -5279,6 +5242,22 @@ def step_9_summary(f):
 
 
 @rule(
+    "DDP1007",
+    "FAIL",
+    see="early_stop",
+    help="decide to stop from values every rank has (all-reduce the metric first), so that all stop together",
+)
+def left_loop_apart(f):
+    """The ranks left the training loop at different steps (an early stop decided by each rank alone).
+
+    A decision to stop taken from a rank's own loss, a time limit, or a local counter, differs
+    between ranks: one leaves, the others wait in their next collective. Decide from values
+    every rank has, all-reduced, so that all stop at the same step.
+    """
+    return out_of_step(f, "early_stop")
+
+
+@rule(
     "DDP1001",
     "FAIL",
     explains=("crash",),
@@ -5467,7 +5446,7 @@ def step_10_summary(f):
     )
 
 
-# a crash that no rule above explains: at the step the rank was in
+# At the end: what no step's line accounts for (AT_THE_END), at the step it names
 
 
 @rule(
@@ -5508,6 +5487,28 @@ def crashed(f):
     at = inner_place(event["message"], f.job) or event["at"]
     doing = crash_phase(f, rank)[0] if event.get("loader") not in f.evaluation else "while evaluating"
     return Found(f"rank {rank} stopped with an error {doing}, at {f.code(at)}: {error}", step=step)
+
+
+@rule(
+    "DDP504",
+    "FAIL",
+    see="rank_zero_collective",
+    help="every rank must reach the same collectives, in the same order",
+)
+def stopped_making_progress(f):
+    """The job stopped making progress after its ranks met, for a reason the records do not show.
+
+    The report names where each rank waits. Most often a rank waits in a collective that another
+    rank never reaches, or reaches in a different order. A job the check had to stop is never a
+    pass: where no other line says why it stopped, this one does, under DDP step 5.
+    """
+    found = out_of_step(f, None)
+    if found is not None:
+        found.step = 5
+        return found
+    if (f.job.hung or f.job.stuck_at_exit) and not any(line.verdict == "FAIL" for line in f.lines):
+        return Found(f"the check stopped the job: {where_each_waits(f)}", step=5)
+    return None
 
 
 # -----------------------------------------------------------------------------

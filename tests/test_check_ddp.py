@@ -274,6 +274,24 @@ def test_the_order_the_rules_are_tried_in_is_declared_and_no_code_is_used_elsewh
     assert not elsewhere, f"codes named outside their rule and the order: {elsewhere}"
 
 
+def test_the_rules_are_written_in_the_order_they_are_tried_each_under_its_steps_banner(tool):
+    """A reader finds a rule where ORDER tries it: check_ddp.py declares the rules in ORDER's order, each
+    after its step's banner (`# DDP step N: name`) and before the next step's, then AT_THE_END's, after
+    their banner (`# At the end:`)."""
+    text = CHECK.read_text()
+    banners = {int(m.group(1)): m.start() for m in re.finditer(r"^# DDP step (\d+): ", text, re.M)}
+    end = re.search(r"^# At the end: ", text, re.M).start()
+    declared = [(m.group(1), m.start()) for m in re.finditer(r'^@rule\(\s*"(DDP\d+)"', text, re.M)]
+    ordered = [code for step in sorted(tool.ORDER) for code in tool.ORDER[step]] + list(tool.AT_THE_END)
+    assert [code for code, _ in declared] == ordered, "the rules are declared out of ORDER's order"
+    for code, at in declared:
+        step = tool.RULES[code].step
+        after, before = (
+            (end, len(text)) if code in tool.AT_THE_END else (banners[step], banners.get(step + 1, end))
+        )
+        assert after < at < before, f"{code} is not under its banner"
+
+
 def test_a_retired_code_says_what_replaced_it_and_no_page_names_one(tool):
     """A code is never reused, and one that is gone still explains itself: --explain OLD says where it
     went. The pages, the notebook and the cases name live codes only."""
