@@ -143,18 +143,49 @@ def test_a_renamed_private_torch_name_fails_with_its_name(tool, monkeypatch):
     ]
 
 
-def test_every_private_torch_name_in_the_watcher_is_declared(tool):
-    """Each torch.*._private name check_ddp.py reads is listed in PRIVATE or wrapped (WRAPPERS):
-    so the test above looks it up."""
+def test_every_private_name_check_ddp_reads_is_declared(tool):
+    """Each private name check_ddp.py reads of torch's, or of Python's libraries (an attribute `x._name`,
+    a getattr of "_name", a dotted torch._private path, and the attributes torch does not document:
+    DDP's require_backward_grad_sync) is listed in PRIVATE or wrapped (WRAPPERS): so the tests above
+    look it up. Names of its own (self._trees) and Python's frame introspection are not torch's to rename."""
+    import ast
     import re
     from pathlib import Path
 
     source = Path(tool.__file__).read_text()
-    used = set(re.findall(r"\btorch(?:\.\w+)*\._[a-z]\w*(?:\.\w+)*", source))
-    declared = {name.replace("()", "") for name in tool.PRIVATE} | {w.key for w in tool.WRAPPERS}
-    undeclared = {u for u in used if not any(d.startswith(u) or u.startswith(d) for d in declared)}
+    tree = ast.parse(source)
+    own = {  # attributes this file sets on objects of its own
+        n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
+    }
+    python = {"_getframe", "_current_frames", "_exit"}  # sys's and os's, documented
+    undocumented = {"require_backward_grad_sync"}
+    read = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load)}
+    read |= {  # getattr(x, "_name"), hasattr(x, "_name"), attribute(x, "_name")
+        n.args[1].value
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call)
+        and getattr(n.func, "id", "") in ("getattr", "hasattr", "attribute")
+        and len(n.args) > 1
+        and isinstance(n.args[1], ast.Constant)
+    }
+    private = {
+        name
+        for name in read
+        if (name.startswith("_") and not name.startswith("__") or name in undocumented)
+        and name not in own | python
+    }
+    private |= set(re.findall(r"\btorch(?:\.\w+)*\._[a-z]\w*(?:\.\w+)*", source))
+    declared = [name.replace("()", "") for name in tool.PRIVATE] + [w.key for w in tool.WRAPPERS]
+    undeclared = sorted(
+        name
+        for name in private
+        if not any(
+            d.startswith(name) or name.startswith(d) or re.search(rf"[.#]{re.escape(name)}([.#(]|$)", d)
+            for d in declared
+        )
+    )
     # a module checked for before it is read (torch._dynamo), torch's own list named in a comment
-    assert undeclared <= {"torch._dynamo", "torch.utils._device", "torch.utils._device.DeviceContext"}, (
+    assert set(undeclared) <= {"torch._dynamo", "torch.utils._device", "torch.utils._device.DeviceContext"}, (
         undeclared
     )
 
