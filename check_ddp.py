@@ -77,6 +77,7 @@ import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
+SCRIPT = 0  # the line of the script's own error, which is no DDP step's (DDP000), after the steps
 STEPS = {  # the names of README.md's table of steps
     1: "init the process group",
     2: "place each process on its device",
@@ -192,6 +193,13 @@ def main(argv=None):
             parser.error("name your training script: python check_ddp.py my_train.py [its args]")
         if not Path(options.script).is_file():
             parser.error(f"{options.script}: no such file")
+        unknown = unknown_ignores(Path(options.script).read_text(errors="replace"))
+        if unknown:  # before the job runs: a silencing comment must name a code
+            line, code = unknown[0]
+            parser.error(
+                f"{options.script}:{line}: # check_ddp: ignore[{code}] names no code of check_ddp's "
+                "(python check_ddp.py --explain lists them)"
+            )
         if options.nproc < 2:
             parser.error("--nproc must be at least 2: one process cannot share anything")
         if options.silence <= 0:
@@ -212,7 +220,9 @@ def main(argv=None):
             last = Job.load(last.folder / "then")
         job = Job.load(job.folder)
     lines = judge(job)
-    status = 3 if own_errors(job) else 1 if any(line.verdict == "FAIL" for line in lines) else 0
+    failed = any(line.verdict == "FAIL" for line in lines)
+    # 2: a silencing comment that names no code is a usage error (never a silence)
+    status = 2 if job.unknown_ignores else 3 if own_errors(job) else 1 if failed else 0
     # 3: the check itself failed, and whatever it found is incomplete
     print(
         json.dumps(as_json(job, lines, status), indent=1) if options.format == "json" else report(job, lines)
@@ -248,6 +258,8 @@ class Job:
         self.then = None  # the subfolder of the same job run again with what stopped it set aside
         self.aside = []  # what this run set aside ("launch", "layout"): see set_aside()
         self.judge_errors = []  # rules of check_ddp's own that failed on this job (own_errors)
+        self.ignored = []  # findings the script silences (# check_ddp: ignore[CODE]): (code, file:line, step)
+        self.unknown_ignores = []  # silencing comments that name no code: (file:line, what they name)
 
     def records(self, kind, rank=None):
         ranks = self.ranks.items() if rank is None else [(rank, self.ranks.get(rank, []))]
@@ -553,8 +565,9 @@ OPTIONAL = {
     # the crash: who raised it: "raise" (a raise or assert statement of the script's), "call" (a call
     # the script made, inside torch or a library), "checker" (this file's own code); the file its error
     # names (an OSError's filename); the program the script ran that this machine lacks (subprocess's
-    # FileNotFoundError)
-    "crash": {"raised": "call", "path": None, "program": None},
+    # FileNotFoundError); whether the script's own code ran inside the watched call (a model's forward
+    # inside DDP's, a dataset's __getitem__ inside the DataLoader's) and raised there, or below it
+    "crash": {"raised": "call", "path": None, "program": None, "within": None},
     # a collective on a group of some ranks only (their global ranks), not the whole job's
     "coll": {"group": None},
     # DDP forwards with gradients that prepared the all-reduce of their backward (DDP decides it at
@@ -1861,9 +1874,12 @@ def record_crash(w, kind, error, tb):
 
     frames = traceback.extract_tb(tb)
     users = [f for f in frames if is_users(f.filename)]
-    call, walk = None, tb
-    while walk is not None:
-        call = CALL_OF_CODE.get(walk.tb_frame.f_code, call)
+    call, walk, within = None, tb, False
+    while walk is not None:  # the innermost watched call, and whether the script's code ran inside it
+        if walk.tb_frame.f_code in CALL_OF_CODE:
+            call, within = CALL_OF_CODE[walk.tb_frame.f_code], False
+        elif call is not None and is_users(walk.tb_frame.f_code.co_filename):
+            within = True
         walk = walk.tb_next
     w.rec.add(
         "crash",
@@ -1878,6 +1894,7 @@ def record_crash(w, kind, error, tb):
         if isinstance(error, OSError) and isinstance(error.filename, (str, bytes))
         else None,
         program=missing_program(frames, error),
+        within=within,
     )
 
 
@@ -1900,9 +1917,7 @@ def who_raised(tb, error):
         tb = tb.tb_next
     code, line = tb.tb_frame.f_code, tb.tb_lineno
     if os.path.realpath(code.co_filename) == THIS_FILE:
-        # the stand-in refusing a GPU as CUDA or torch would (its "invalid device ordinal"): the call's
-        acted = code in (StandIn.ask.__code__, StandIn.index.__code__)
-        return "call" if acted or any(a <= line <= b for a, b in passed_on()) else "checker"
+        return "call" if any(a <= line <= b for a, b in passed_on()) else "checker"
     if is_users(code.co_filename):
         instruction = next((i for i in dis.get_instructions(code) if i.offset == tb.tb_lasti), None)
         if instruction is not None and instruction.opname in ("RAISE_VARARGS", "RERAISE"):
@@ -2292,8 +2307,30 @@ CUDA_ANSWERS = {
     "get_rng_state": lambda s, *args, **kwargs: s.rng_state.clone(),
     "get_rng_state_all": lambda s, *args, **kwargs: [s.rng_state.clone()] * s.node_gpus,
     "initial_seed": lambda s: 0,
+    "memory_snapshot": lambda s, *args, **kwargs: [],
     **dict.fromkeys(
-        ("utilization", "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved"),
+        ("memory_stats_as_nested_dict", "host_memory_stats", "host_memory_stats_as_nested_dict"),
+        lambda s, *args, **kwargs: {},
+    ),
+    "list_gpu_processes": lambda s, device=None: "check_ddp: a stand-in GPU runs no process of its own",
+    "get_per_process_memory_fraction": lambda s, device=None: 1.0,
+    "get_arch_list": lambda s: [f"sm_{PROPERTIES.major}{PROPERTIES.minor}"],
+    "get_gencode_flags": lambda s: f"-gencode compute=compute_{PROPERTIES.major}{PROPERTIES.minor}",
+    "is_tf32_supported": lambda s: True,
+    "can_device_access_peer": lambda s, device, peer: True,
+    "get_sync_debug_mode": zero,
+    "is_current_stream_capturing": lambda s: False,
+    "get_allocator_backend": lambda s: "native",
+    "ExternalStream": lambda s, *args, **kwargs: StandInStream(),
+    "get_stream_from_external": lambda s, *args, **kwargs: StandInStream(),
+    "StreamContext": lambda s, stream=None: contextlib.nullcontext(),
+    "device_of": lambda s, obj: contextlib.nullcontext(),
+    **dict.fromkeys(
+        (
+            "utilization", "memory_allocated", "max_memory_allocated", "memory_reserved",
+            "max_memory_reserved", "memory_cached", "max_memory_cached", "device_memory_used", "memory_usage",
+            "power_draw", "temperature", "clock_rate", "current_blas_handle", "current_solver_handle",
+        ),
         zero,
     ),
     **dict.fromkeys(
@@ -2301,14 +2338,62 @@ CUDA_ANSWERS = {
             "synchronize", "init", "empty_cache", "reset_peak_memory_stats", "reset_max_memory_allocated",
             "seed", "seed_all", "reset_accumulated_memory_stats", "manual_seed", "manual_seed_all",
             "set_per_process_memory_fraction", "ipc_collect", "set_sync_debug_mode", "set_rng_state",
-            "set_rng_state_all",
+            "set_rng_state_all", "reset_max_memory_cached", "reset_accumulated_host_memory_stats",
+            "reset_peak_host_memory_stats", "set_stream",
         ),
         nothing,
     ),
 }  # fmt: skip
 
 
+# torch.cuda's modules whose functions are torch.cuda's own under a second name (torch.cuda.memory.
+# memory_allocated is torch.cuda.memory_allocated): each answered alike
+MEMORY = (
+    "empty_cache", "memory_stats", "memory_stats_as_nested_dict", "reset_accumulated_memory_stats",
+    "reset_peak_memory_stats", "reset_max_memory_allocated", "reset_max_memory_cached", "host_memory_stats",
+    "host_memory_stats_as_nested_dict", "reset_accumulated_host_memory_stats", "reset_peak_host_memory_stats",
+    "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved", "memory_cached",
+    "max_memory_cached", "memory_snapshot", "memory_summary", "list_gpu_processes", "mem_get_info",
+    "get_allocator_backend", "get_per_process_memory_fraction", "set_per_process_memory_fraction",
+)  # fmt: skip
+RANDOM = (
+    "get_rng_state", "get_rng_state_all", "set_rng_state", "set_rng_state_all", "manual_seed",
+    "manual_seed_all", "seed", "seed_all", "initial_seed",
+)  # fmt: skip
+# The rest of torch.cuda's public names (torch.cuda.__all__), left to torch, each with why: a job that
+# calls one fails as torch fails without CUDA, and that is reported as needing a GPU (--), never as the
+# script's mistake. The tests hold every public name of torch.cuda to one of the tables.
+CUDA_LEFT = {
+    **dict.fromkeys(
+        ("CUDAGraph", "graph", "graphs", "make_graphed_callables", "graph_pool_handle"),
+        "CUDA graphs replay GPU kernels recorded on a GPU: nothing the CPU can stand in for",
+    ),
+    **dict.fromkeys(
+        (
+            "MemPool", "use_mem_pool", "CUDAPluggableAllocator", "change_current_allocator",
+            "caching_allocator_alloc", "caching_allocator_delete", "caching_allocator_disabled",
+            "caching_allocator_enable", "GreenContext",
+        ),
+        "the GPU's own memory and multiprocessors, managed by hand",
+    ),
+    **dict.fromkeys(
+        ("jiterator", "nccl", "cudart", "check_error", "cudaStatus", "tunable", "sparse", "streams"),
+        "CUDA's own libraries and kernels, called directly",
+    ),
+    **dict.fromkeys(("CudaError", "DeferredCudaCallError"), "torch's errors, raised by torch itself"),
+    **dict.fromkeys(("has_half", "has_magma"), "this build's flags, true or false as torch has them"),
+    **dict.fromkeys(
+        (f"{kind}Storage" for kind in ("BFloat16", "Bool", "Byte", "Char", "ComplexDouble", "ComplexFloat",
+                                       "Double", "Float", "Half", "Int", "Long", "Short")),
+        "typed storages, deprecated by torch: a script reaches its tensors' storage through the tensors",
+    ),
+    **dict.fromkeys(("amp", "nvtx", "memory", "random", "profiler"), "a module whose functions are stood in"),
+}  # fmt: skip
+
+
 @replaces("torch.cuda", *CUDA_ANSWERS)
+@replaces("torch.cuda.memory", *MEMORY)
+@replaces("torch.cuda.random", *RANDOM)
 def cuda_answer(original, s, name):
     """torch.cuda's function as the script sees it, stood in, and as torch's own code sees it, real:
     torch.compile, the DataLoader and the rest of torch ask about CUDA to decide what to run, and
@@ -2331,12 +2416,65 @@ def in_torch(code):
     return bool(TORCH_DIR) and os.path.realpath(code.co_filename).startswith(TORCH_DIR)
 
 
-@replaces("torch.cuda.nvtx", "range_push", "range_pop", "mark", "range")
+@replaces("torch.cuda.nvtx", "range_push", "range_pop", "range_start", "range_end", "mark", "range")
+@replaces("torch.cuda.profiler", "start", "stop", "profile")
 def nvtx(original, s, name):
-    """NVIDIA's profiler marks: nothing to mark on the CPU."""
-    if name == "range":
+    """NVIDIA's profiler and its marks: nothing to mark or profile on the CPU."""
+    if name in ("range", "profile"):
         return lambda *args, **kwargs: contextlib.nullcontext()
     return lambda *args, **kwargs: 0
+
+
+@replaces("torch.cuda", "default_generators")
+def cuda_generators(original, s, _):
+    """Each GPU's default random generator: one of its own, as a GPU's is, so that seeding one leaves the
+    CPU's as it was."""
+    import torch
+
+    return tuple(torch.Generator() for _ in range(s.node_gpus))
+
+
+# torch's legacy tensor types of the GPU (torch.cuda.FloatTensor(2, 3), x.type(torch.cuda.LongTensor),
+# isinstance(x, torch.cuda.FloatTensor)), as older scripts use them: the CPU's, put on the current GPU
+LEGACY_TYPES = ("BFloat16", "Bool", "Byte", "Char", "Double", "Float", "Half", "Int", "Long", "Short")
+
+
+@replaces("torch.cuda", *(f"{kind}Tensor" for kind in LEGACY_TYPES))
+def legacy_type(original, s, name):
+    import torch
+
+    cpu = getattr(torch, name)  # torch.FloatTensor: the CPU's legacy type, of the same dtype
+
+    class LegacyGPUType(type):
+        def __instancecheck__(cls, thing):
+            return isinstance(thing, cpu) and s.tags.get(thing) is not None
+
+    def __new__(cls, *args, **kwargs):
+        return s.on_gpu(cpu(*args, **kwargs), s.ask(s.gpu, "legacy type"))
+
+    made = {
+        "__new__": __new__,
+        "dtype": cpu.dtype,
+        "is_cuda": True,
+        "__module__": "torch.cuda",
+        "__qualname__": name,
+    }
+    return LegacyGPUType(name, (), made)
+
+
+@stands_in("torch.Tensor", "type", step=2, label="tensor.type()")
+def tensor_type(original, s, _):
+    def tensor_type(self, dtype=None, non_blocking=False, **kwargs):
+        wanted = getattr(dtype, "__name__", None) if isinstance(dtype, type) else dtype
+        if isinstance(wanted, str) and (wanted.startswith("torch.cuda.") or getattr(dtype, "is_cuda", False)):
+            kind = wanted.rpartition(".")[2]
+            moved = original(self, f"torch.{kind}", non_blocking, **kwargs)
+            return s.on_gpu(moved if moved is not self else self.clone(), s.ask(s.gpu, "type"))
+        if dtype is None and s.tags.get(self) is not None:  # x.type(): as a GPU's tensor names itself
+            return original(self).replace("torch.", "torch.cuda.", 1)
+        return original(self, dtype, non_blocking, **kwargs) if dtype is not None else original(self)
+
+    return tensor_type
 
 
 def autocast_on_cpu(torch):
@@ -2679,9 +2817,10 @@ class Rule:
     see: str  # a key of PITFALLS, or None
     explains: tuple  # "crash", "hang": what of the job's end the finding accounts for, by default
     sets_aside: str  # a mistake that stops the job, which a run again can set aside: a key of SET_ASIDE
-    numbering: (
-        bool  # it follows from the script numbering its processes itself, where its launch is set aside
-    )
+    # "root": a launch of the script's own (its processes, or who they are, not torchrun's: DDP step 8);
+    # "follows": a finding that follows from such a launch, where one FAILs or was set aside (its ranks
+    # never formed torchrun's job: they meet elsewhere, claim one rank, or train alone)
+    launch: str
 
     @property
     def doc(self):
@@ -2697,8 +2836,22 @@ ORDER = {
     2: ("DDP201", "DDP202", "DDP203", "DDP204", "DDP205"),
     3: ("DDP307", "DDP301", "DDP302", "DDP303", "DDP304", "DDP305", "DDP306"),
     4: ("DDP401", "DDP403", "DDP404", "DDP405", "DDP406", "DDP407"),
-    5: ("DDP508", "DDP505", "DDP506"),
-    6: ("DDP609", "DDP601", "DDP602", "DDP610", "DDP603", "DDP608", "DDP604", "DDP605", "DDP606", "DDP607"),
+    5: ("DDP508", "DDP506", "DDP505"),
+    6: (
+        "DDP609",
+        "DDP611",
+        "DDP601",
+        "DDP602",
+        "DDP612",
+        "DDP610",
+        "DDP603",
+        "DDP608",
+        "DDP604",
+        "DDP605",
+        "DDP606",
+        "DDP607",
+        "DDP613",
+    ),  # fmt: skip
     7: ("DDP701", "DDP702"),
     8: ("DDP801", "DDP805", "DDP807", "DDP808", "DDP806", "DDP804"),
     9: ("DDP901", "DDP902"),
@@ -2733,13 +2886,13 @@ SET_ASIDE = {
 }
 
 
-def rule(code, verdict, help, see=None, explains=(), sets_aside=None, numbering=False):
+def rule(code, verdict, help, see=None, explains=(), sets_aside=None, launch=None):
     """Declare a rule: the function under it looks at the facts and returns Found, or None."""
 
     def register(check):
         assert code not in RULES, f"{code} is taken"
         RULES[code] = Rule(
-            code, int(code[3:-2]), verdict, check, help, see, tuple(explains), sets_aside, numbering
+            code, int(code[3:-2]), verdict, check, help, see, tuple(explains), sets_aside, launch
         )
         return check
 
@@ -2776,6 +2929,10 @@ def judge(job):
     chain = runs(job)
     judged = [judge_one(run) for run in chain]
     job.judge_errors += [e for run in chain[1:] for e in run.judge_errors]
+    job.ignored += [x for run in chain[1:] for x in run.ignored if x not in job.ignored]
+    job.unknown_ignores += [
+        x for run in chain[1:] for x in run.unknown_ignores if x not in job.unknown_ignores
+    ]
     kept = {}
     for lines in judged[:-1]:
         for line in lines:
@@ -2786,11 +2943,11 @@ def judge(job):
     if launch and "launch" in chain[-1].aside:  # the script numbers its processes itself: so do its samplers
         last = [
             Line(x.step, "--", f"follows from DDP step {min(launch)}: {x.message}")
-            if RULES.get(x.code) and RULES[x.code].numbering
+            if RULES.get(x.code) and RULES[x.code].launch == "follows"
             else x
             for x in last
         ]
-    return sorted([*kept.values(), *last], key=lambda x: x.step)
+    return sorted([*kept.values(), *last], key=in_order)
 
 
 def judge_one(job):
@@ -2804,19 +2961,32 @@ def judge_one(job):
             facts.explained |= line.explains
     for code in AT_THE_END:  # each puts its line at the step it names, in place of that step's
         found = tried(facts, code)
-        if found is not None:
+        if found is not None and not silenced(facts, code, found, found.step):
             line = finding(RULES[code], found, step=found.step)
             facts.lines = [old for old in facts.lines if old.step != line.step] + [line]
-    return consequences(sorted(facts.lines, key=lambda line: line.step))
+    return consequences(sorted(facts.lines, key=in_order))
 
 
 def judge_step(facts, step):
     for code in ORDER[step]:
         found = tried(facts, code)
-        if found is not None:
+        if found is not None and not silenced(facts, code, found, step):
             return finding(RULES[code], found)
     said = SUMMARIES[step](facts)
     return Line(step, *said) if said else None
+
+
+def silenced(facts, code, found, step):
+    """Whether the script silences this finding: `# check_ddp: ignore[CODE]` on a line it names (a
+    learner's warning accepted on purpose, as linters' noqa). Counted, and said in the report."""
+    if found.verdict == "--":
+        return False
+    named = re.findall(r"[\w./-]+\.py:\d+", found.message)
+    at = next((a for a in named if code in facts.source.ignores().get(a, ())), None)
+    entry = (code, at, found.step if found.step is not None else step)
+    if at is not None and entry not in facts.job.ignored:
+        facts.job.ignored.append(entry)
+    return at is not None
 
 
 def tried(facts, code):
@@ -2839,11 +3009,23 @@ def finding(rule, found, step=None):
     )  # fmt: skip
 
 
+def in_order(line):
+    """The steps in order, the script's own error (step 0, no DDP step's) after them."""
+    return (line.step == SCRIPT, line.step)
+
+
 def consequences(lines):
     """One cause, one FAIL: a finding that says which later or earlier steps follow from it turns
     those steps' lines (unless ok) into `--`, saying so: the step whose change fixes it is the one
-    that FAILs."""
+    that FAILs. A launch of the script's own (RULES' launch "root") is the cause of every finding that
+    follows from one (launch "follows"): its ranks never formed the job torchrun made."""
     roots = {step: (line, text) for line in lines for step, text in (line.follows or {}).items()}
+    launch = next(
+        (x for x in lines if x.verdict == "FAIL" and rule_of(x) and rule_of(x).launch == "root"), None
+    )
+    for x in lines if launch else ():
+        if x.verdict in ("FAIL", "warn") and rule_of(x).launch == "follows" and x.step not in roots:
+            roots[x.step] = (launch, "")
     out = []
     for line in lines:
         root = roots.get(line.step)
@@ -2855,6 +3037,10 @@ def consequences(lines):
             )
         out.append(line)
     return out
+
+
+def rule_of(line):
+    return RULES.get(line.code) if line.code else None
 
 
 def explain(code):
@@ -2934,6 +3120,21 @@ class Facts:
         return min(
             crashes, key=lambda c: (bool(COMMUNICATION_ERROR.search(c[1]["message"])), c[0]), default=None
         )
+
+    @functools.cached_property
+    def empty_files(self):
+        """The files written that were empty at the end (a lock, a marker): nothing in them to tear. Each
+        rank says which of its files were, as it ended."""
+        return {path for _, e in self.job.records("exit") for path in e["empty"] or ()}
+
+    @functools.cached_property
+    def refused(self):
+        """Each rank's first GPU the stand-in refused, as CUDA or torch would: its gpu record."""
+        found = {}
+        for r, e in self.job.records("gpu"):
+            if e["refused"]:
+                found.setdefault(r, e)
+        return found
 
     def crashed_with(self, text):
         return self.crash is not None and text in self.crash[1]["message"]
@@ -3305,20 +3506,6 @@ class Source:
             key=by_line,
         )
 
-    @functools.cached_property
-    def emptied_at(self):
-        """file:line of each `with open(path, "w"): pass` in the script's files (a body that does
-        nothing): a file emptied, not written."""
-        found = set()
-        for path in self.job.sources:
-            for node in ast.walk(self.tree(path)) if self.tree(path) else ():
-                if isinstance(node, ast.With) and all(
-                    isinstance(b, ast.Pass) or isinstance(getattr(b, "value", None), ast.Constant)
-                    for b in node.body
-                ):
-                    found |= {f"{path}:{n}" for n in range(node.lineno, node.body[0].lineno)}
-        return found
-
     def source_lines(self, pattern):
         """file:line of every line of the script's files that matches pattern, in order."""
         return [
@@ -3327,6 +3514,28 @@ class Source:
             for n, text in enumerate((self.job.source(path) or "").splitlines(), 1)
             if re.search(pattern, text) and not text.lstrip().startswith("#")
         ]
+
+    @functools.lru_cache(maxsize=1)  # noqa: B019 (one Source a judged job)
+    def ignores(self):
+        """{file:line: the codes its `# check_ddp: ignore[CODE, ...]` comment names}, in every file of the
+        script's; a name that is no code is the job's unknown_ignores (a mistake, never a silence)."""
+        found = {}
+        for path in sorted(self.job.sources):
+            for n, codes in silencing(self.job.source(path) or ""):
+                found[f"{path}:{n}"] = {code for code in codes if code in RULES}
+        for path in sorted(self.job.sources):
+            for n, code in unknown_ignores(self.job.source(path) or ""):
+                if (f"{path}:{n}", code) not in self.job.unknown_ignores:
+                    self.job.unknown_ignores.append((f"{path}:{n}", code))
+        return found
+
+    def line(self, at):
+        """The text of the line at file:line, or "" where the job has no such line."""
+        path, _, n = at.rpartition(":")
+        try:
+            return (self.job.source(path) or "").splitlines()[int(n) - 1]
+        except (ValueError, IndexError):
+            return ""
 
     def calls(self, name):
         """The calls of `name` (torch.save, torch.load) in the script's files, reached or not: (file:line,
@@ -3343,6 +3552,18 @@ class Source:
                     }
                     found[f"{path}:{node.lineno}"] = keywords
         return sorted(found.items(), key=lambda item: by_line(item[0]))
+
+
+def silencing(text):
+    """Each line of a file that silences findings: (its number, the codes it names, as written)."""
+    for n, line in enumerate(text.splitlines(), 1):
+        for names in re.findall(r"#\s*check_ddp:\s*ignore\[([^\]]*)\]", line):
+            yield n, [c.strip().upper() for c in names.split(",") if c.strip()]
+
+
+def unknown_ignores(text):
+    """The silencing comments' names that are no rule's code: (line, name)."""
+    return [(n, code) for n, codes in silencing(text) for code in codes if code not in RULES]
 
 
 UNDECIDED = object()  # a value the source alone does not tell
@@ -3425,6 +3646,7 @@ def decide(node, value_of):
 INIT = "torch.distributed.init_process_group"
 BACKWARD = "torch.autograd.backward"
 DDP_FORWARD = "torch.nn.parallel.DistributedDataParallel.forward"
+ENVIRON_READ = "os._Environ.__getitem__"
 
 COMMUNICATION_ERROR = re.compile(
     r"closed by peer|reset by peer|Connection refused|Timed out|timed out|doesn't match expected size|"
@@ -3432,14 +3654,21 @@ COMMUNICATION_ERROR = re.compile(
 )
 
 
-def crash_step(facts, event):
-    """The step a rank was in when it failed: an evaluation loop's, the watched call's, or what it
-    was doing (crash_phase)."""
-    if event.get("loader") in facts.evaluation:
-        return 10  # in an evaluation loop
-    if event.get("call") in CALLS:
-        return CALLS[event["call"]].step
-    return crash_phase(facts, facts.crash[0])[1]
+def crash_step(f, rank, event):
+    """The step of the call that raised, where it is a DDP call: a watched call's step (a read of who
+    the process is: step 8's; of another variable: none), or step 8 for a line of the script's that
+    asks who the process is (a launch variable, the GPUs' count) and raised. SCRIPT for an error of the
+    script's own code, a library's, or the script's code a call ran (a model's forward inside DDP's):
+    no DDP step's. Never the step the job was in when it failed."""
+    call = event.get("call")
+    asked = event.get("at") in {e["at"] for _, e in f.job.records("read", rank=rank)}
+    if event.get("within"):  # the script's own code raised, inside the call that ran it
+        return SCRIPT
+    if call == ENVIRON_READ:
+        return 8 if asked else SCRIPT
+    if call in CALLS:
+        return CALLS[call].step
+    return 8 if asked else SCRIPT
 
 
 # what a rank was doing, told by the last of its records before an error: (words, the call that
@@ -3470,18 +3699,17 @@ def crash_phase(facts, rank):
     return "before the process group was made", 8
 
 
-def needs_gpu(event):
+def needs_gpu(f, rank, event):
     """An error that says CUDA or NCCL is missing (this torch has neither), or that the stand-in lacks
-    something, or that a GPU machine's own program is (nvidia-smi, rocm-smi: run by the script, not
-    found here), whichever call raised it: the script's own GPU code, torch's, a CUDA extension's,
-    Triton's. Not the script's own raise (its check of what it was given), nor the errors the stand-in
-    acts out for a GPU the node does not have (check_ddp: ...), which are the script's."""
+    something, whichever call raised it: the script's own GPU code, torch's, a CUDA extension's,
+    Triton's. Not the script's own raise (its check of what it was given), nor a GPU the stand-in
+    refused as CUDA or torch would (its gpu record says so), which is the script's."""
     text = f"{event['type']}: {event['message']}" if event else ""
     return bool(
         event
         and event["raised"] != "raise"
-        and re.search(r"CUDA|NVIDIA|NCCL|nccl|cuda|GPU|[Tt]riton|StandIn|'(nvidia|rocm)-smi'", text)
-        and "(check_ddp: " not in event["message"]
+        and rank not in f.refused
+        and re.search(r"CUDA|NVIDIA|NCCL|nccl|cuda|GPU|[Tt]riton|StandIn", text)
         and "SyncBatchNorm" not in event["message"]
         and not re.search(r"out of memory", event["message"])
     )
@@ -3495,10 +3723,11 @@ def own_errors(job):
         f"{short(e['message'])}"
         for _, e in job.records("fault")
     ]
+    refused = {r for r, e in job.records("gpu") if e["refused"]}  # the stand-in's refusal: the call's
     found += [
         f"check_ddp.py's own error stopped rank {r}: {e['type']}: {short(e['message'])}"
         for r, e in job.records("crash")
-        if e["raised"] == "checker"
+        if e["raised"] == "checker" and r not in refused
     ]
     found += [f"check_ddp.py's own error in its rule {text}" for text in job.judge_errors]
     return list(dict.fromkeys(found))
@@ -3627,6 +3856,13 @@ def why_out_of_step(f, hang=True):
     the job hung, failed, or (by luck, pairing calls that do not belong together) ended; only a hang shows
     where each rank waits."""
     unmatched = f.unmatched_collective
+    waiting = f.waiting if hang else {}
+    for r, (call, at, _) in sorted(waiting.items()):  # a forward without gradients, through DDP: step 10's
+        if call == DDP_FORWARD and evaluating(f, r) and any(c != DDP_FORWARD for c, _, _ in waiting.values()):
+            return "eval_alone", (
+                f"rank {r} evaluates through the DDP model at {f.code(at)}, and the other ranks do not: "
+                "DDP's forward syncs the model's buffers with every rank"
+            )
     for r, c in sorted(unmatched[1].items()) if unmatched else ():
         condition = c and f.source.rank_condition(c["at"])
         if condition:
@@ -3711,6 +3947,7 @@ def out_of_step(f, kind):
 @rule(
     "DDP101",
     "FAIL",
+    launch="follows",
     sets_aside="launch",
     see="master_port",
     explains=("crash",),
@@ -3743,6 +3980,7 @@ def master_port_set(f):
 @rule(
     "DDP102",
     "FAIL",
+    launch="follows",
     help="read RANK, LOCAL_RANK and WORLD_SIZE from the environment torchrun made; never write them",
 )
 def launch_variable_set(f):
@@ -3778,7 +4016,9 @@ def group_needed_before_made(f):
     return None
 
 
-@rule("DDP104", "FAIL", help="call dist.init_process_group(backend) first, in every process")
+@rule(
+    "DDP104", "FAIL", help="call dist.init_process_group(backend) first, in every process", launch="follows"
+)
 def no_process_group(f):
     """No process called init_process_group(): N processes trained N separate models.
 
@@ -3799,6 +4039,7 @@ def no_process_group(f):
 @rule(
     "DDP105",
     "FAIL",
+    launch="follows",
     sets_aside="launch",
     see="master_port",
     help="pass no init_method: the default, env://, reads where torchrun's job meets",
@@ -3823,6 +4064,7 @@ def init_method_elsewhere(f):
 @rule(
     "DDP106",
     "FAIL",
+    launch="follows",
     sets_aside="launch",
     help="leave rank= and world_size= out: init_process_group() reads them from torchrun",
 )
@@ -3850,6 +4092,7 @@ def rank_passed_wrong(f):
 @rule(
     "DDP107",
     "FAIL",
+    launch="follows",
     explains=("hang",),
     help="every process of the job must call init_process_group() with what torchrun set",
 )
@@ -3907,7 +4150,11 @@ def device_past_the_node(f):
     on the second node of 2 x 4 GPUs, rank 4 asks for cuda:4, which is not there. LOCAL_RANK is
     the process's number on its node: use it as the GPU index.
     """
-    if f.crashed_with("invalid device ordinal"):
+    past = [(r, e) for r, e in f.refused.items() if e["refused"] == "past_node"]
+    if past and f.crash:  # the stand-in refused it, as CUDA does
+        rank, e = past[0]
+        return Found(f"rank {rank} asked for cuda:{e['index']}, a GPU its node lacks, at {f.code(e['at'])}")
+    if not f.standin and f.crashed_with("invalid device ordinal"):  # CUDA's own refusal, on GPUs
         rank, e = f.crash
         return Found(f"rank {rank} asked for a GPU its node lacks at {f.code(e['at'])}")
     return None
@@ -3940,6 +4187,7 @@ def model_on_another_gpu(f):
 @rule(
     "DDP203",
     "FAIL",
+    launch="follows",
     help="take the GPU from LOCAL_RANK: local_rank = int(os.environ['LOCAL_RANK']); "
     "torch.cuda.set_device(local_rank); model.to(local_rank)",
 )
@@ -4156,7 +4404,7 @@ def overlapping_shards(f):
         some = next(iter(loader["made"].values()))
         for n in range(min(len(p) for p in passes.values())):
             drawn = {r: p[n] for r, p in passes.items()}
-            if repeats_on_purpose(drawn, some["length"], f.world):
+            if drawn_as_shares(drawn, some["length"], f.world):
                 continue
             for k, sets in enumerate(shards_of_a_pass(f, drawn, some["length"])):
                 ranks = sorted(sets)
@@ -4183,20 +4431,15 @@ def overlapping_shards(f):
     return None
 
 
-def repeats_on_purpose(drawn, length, world):
-    """Whether a pass's shards overlap by the sampler's design: repeated augmentation (DeiT's
-    RASampler), where each sample goes to several ranks, each to augment it its own way. Its mark, in
-    what the ranks drew: within each rank's first share of the data (its size / N; the size, where
-    the loader did not say it, as many samples as the ranks drew), the rank draws some samples more
-    than once, and no two ranks draw the same sequence. A loader with no DistributedSampler has each
-    rank draw the whole data, each sample once; ranks told the wrong world draw whole shards, each
-    sample once; a never-ending stream's pass repeats only after a share; a sampler that draws with
-    replacement alike on every rank draws the same sequence."""
+def drawn_as_shares(drawn, length, world):
+    """Whether each rank drew a share of the data of its own, as a sampler that shards by rank does: no
+    more draws than the data's size / N, and no two ranks alike. Shares that overlap are then the
+    sampler's design (repeated augmentation deals a sample to several ranks, each to augment it its own
+    way), not unsharded data: with no DistributedSampler each rank draws the whole data; ranks told the
+    wrong world (num_replicas=1) draw it whole too, or alike."""
     sequences = [tuple(indices) for indices in drawn.values()]
     share = -(-(length or len(set().union(*sequences))) // max(1, world))
-    return len(set(sequences)) == len(sequences) and all(
-        len(set(indices[:share])) < len(indices[:share]) for indices in sequences
-    )
+    return len(set(sequences)) == len(sequences) and all(len(s) <= share for s in sequences)
 
 
 def shards_of_a_pass(f, drawn, length):
@@ -4223,6 +4466,7 @@ def sampler_misconfigured(f, loader):
 @rule(
     "DDP303",
     "FAIL",
+    launch="follows",
     help="pass sampler=DistributedSampler(dataset) to the DataLoader, and drop shuffle=True (the sampler "
     "shuffles); call sampler.set_epoch(epoch) each epoch",
 )
@@ -4242,7 +4486,7 @@ def no_distributed_sampler(f):
 @rule(
     "DDP304",
     "FAIL",
-    numbering=True,
+    launch="follows",
     help="leave num_replicas= and rank= out of DistributedSampler(...): the group knows them",
 )
 def sampler_told_wrong_world(f):
@@ -4323,10 +4567,12 @@ def step_3_summary(f):
         if not longest:
             continue  # passes whose indices the check did not see
         how = "DistributedSampler" if some["distributed"] else some["sampler"]
-        if repeats_on_purpose({r: p[0] for r, p in passes.items() if p}, some["length"], f.world):
+        first = {r: p[0] for r, p in passes.items() if p}
+        shared = max((len(set(a) & set(b)) for a, b in itertools.combinations(first.values(), 2)), default=0)
+        if shared > f.world - 1 and drawn_as_shares(first, some["length"], f.world):
             detail = (
-                f"{how}: shards of {longest} draws a rank that repeat samples on purpose, within and "
-                "between ranks (repeated augmentation: each copy augmented anew)"
+                f"{how}: shares of {longest} draws a rank that overlap by the sampler's design, each rank's "
+                "its own (repeated augmentation: each copy augmented anew)"
             )
         else:
             detail = f"{how}: disjoint shards of {longest} samples a rank"
@@ -4370,6 +4616,7 @@ def unused_parameter(f):
 @rule(
     "DDP403",
     "FAIL",
+    launch="follows",
     help="model = DDP(model, device_ids=[local_rank]) (no device_ids on a CPU), after moving it to its "
     "device",
 )
@@ -4510,6 +4757,42 @@ def collectives_differ(f):
 
 
 @rule(
+    "DDP506",
+    "warn",
+    launch="follows",
+    see="metrics",
+    help="sum (loss x samples, samples) on each rank, then dist.all_reduce() it, once an epoch",
+)
+def metrics_not_reduced(f):
+    """No metric is all-reduced: what rank 0 reports is its own shard's.
+
+    Each rank computes its loss on its own shard. A loss printed by rank 0 without an
+    all-reduce is an estimate from 1/N of the data. Sum (loss x samples, samples) on each rank,
+    all-reduce the sums, and divide.
+    """
+    job = f.job
+    if not job.ranks:
+        return None
+    epochs = len(
+        [e for _, e in job.records("pass", rank=min(job.ranks)) if e["loader"] in f.training_loaders]
+    )
+    if (f.crash or job.hung or job.returncode) and epochs < 2:
+        return None  # stopped before an epoch's end, where the sums would be all-reduced: no evidence
+    if not job.records("step") or f.world < 2:
+        return None
+    if not reduced_sites(f):
+        return Found("no metric is all-reduced: what rank 0 reports is its own shard's")
+    reads = training_reads(f)
+    if reads and not reduced_sites(f, evaluating=False):  # only the held-out sums are: DDP step 10's
+        return Found(
+            f"the training loss read at {f.code(reads[0])} is never all-reduced: what rank 0 reports of "
+            f"training is its own shard's (the all-reduce at "
+            f"{' and '.join(reduced_sites(f, evaluating=True))} follows the evaluation: DDP step 10's)"
+        )
+    return None
+
+
+@rule(
     "DDP505",
     "warn",
     see="metrics",
@@ -4564,30 +4847,12 @@ def reduced_sites(f, evaluating=None):
     return sorted(found, key=by_line)
 
 
-@rule(
-    "DDP506",
-    "warn",
-    see="metrics",
-    help="sum (loss x samples, samples) on each rank, then dist.all_reduce() it, once an epoch",
-)
-def metrics_not_reduced(f):
-    """No metric is all-reduced: what rank 0 reports is its own shard's.
-
-    Each rank computes its loss on its own shard. A loss printed by rank 0 without an
-    all-reduce is an estimate from 1/N of the data. Sum (loss x samples, samples) on each rank,
-    all-reduce the sums, and divide.
-    """
-    job = f.job
-    if not job.ranks:
-        return None
-    epochs = len(
-        [e for _, e in job.records("pass", rank=min(job.ranks)) if e["loader"] in f.training_loaders]
-    )
-    if (f.crash or job.hung or job.returncode) and epochs < 2:
-        return None  # stopped before an epoch's end, where the sums would be all-reduced: no evidence
-    if job.records("step") and f.world > 1 and not reduced_sites(f):
-        return Found("no metric is all-reduced: what rank 0 reports is its own shard's")
-    return None
+def training_reads(f):
+    """Where the lowest rank read a value on the host (.item()) at most of its optimizer steps: a training
+    metric, most read first."""
+    steps = f.job.records("step", rank=min(f.job.ranks))
+    counts = collections.Counter(at for _, e in steps for at in e["items"])
+    return [at for at, n in counts.most_common() if n >= 0.5 * len(steps)]
 
 
 @summary(5)
@@ -4630,22 +4895,72 @@ def collective_in_rank_block(f):
 
 
 @rule(
+    "DDP611",
+    "FAIL",
+    explains=("crash",),
+    help="save plain data in a checkpoint: tensors, numbers, strings, and lists and dicts of them "
+    "(vars(args), not args; float(x), not a numpy number); or load inside "
+    "torch.serialization.safe_globals([...]), naming what it holds",
+)
+def resume_cannot_load(f):
+    """A checkpoint the script's own torch.load refuses: its resume cannot load what it saved.
+
+    Since torch 2.6, torch.load(path) loads with weights_only=True: tensors, numbers, strings, and
+    lists, tuples and dicts of them, nothing that names a class or a function to call while it
+    unpickles. A checkpoint that holds more (an argparse.Namespace, a numpy number or array, an
+    object of a class of the script's) saves without a word, and the resume that loads it fails with
+    UnpicklingError: the run that saves never shows it, and a job restarted after a crash cannot
+    continue. The check reads each saved file back as torch.load(weights_only=True) reads it, and
+    finds the script's torch.load calls in its code, reached by the run or not. Save plain data, or
+    load inside torch.serialization.safe_globals([...]).
+    """
+    version = max((e.get("torch") or "0.0" for e in f.starts.values()), default="0.0")
+    default = tuple(int(x) for x in re.findall(r"\d+", version)[:2]) >= (2, 6)  # weights_only's default
+    if f.source.source_lines(r"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"):
+        return None
+    allowed = " ".join(f.source.line(at) for at in f.source.source_lines(r"safe_globals\("))
+    loads = f.source.calls("torch.load")
+    refusing = [at for at, keywords in loads if keywords.get("weights_only", default) is True]
+    if not refusing or len(refusing) < len(loads):  # a load that may take it: the resume's, perhaps
+        return None
+    for _, e in f.saved_files:
+        names = [n for n in e["unsafe"] or () if n.rpartition(".")[2] not in allowed]
+        if names and (e["what"]["models"] or e["what"]["optimizer"]):
+            crashed = f.crashed_with("Weights only load failed")
+            what = e["unsafe_at"] or ", ".join(names)
+            return Found(
+                f"{f.job.relpath(f.renamed.get(e['path'], e['path']))} saved at {f.code(e['at'])} holds "
+                f"{what}, which torch.load refuses, and the script's own torch.load at {f.code(refusing[0])} "
+                "loads "
+                "with weights_only=True (torch's default since 2.6): the resume cannot load its own "
+                "checkpoint" + (f" (rank {f.crash[0]} failed on it)" if crashed else ""),
+                explains=("crash",) if crashed else (),
+            )
+    return None
+
+
+@rule(
     "DDP601",
     "FAIL",
     see="unsafe_load",
-    help="save plain tensors and numbers, and load with weights_only=True (the default since torch 2.6)",
+    help="load with weights_only=True (the default since torch 2.6): a file anyone could have put there is "
+    "a stranger's, and its pickle runs as you",
 )
 def unsafe_load(f):
-    """torch.load(..., weights_only=False): loading such a file runs any code it names.
+    """torch.load(..., weights_only=False) of a file another process could have written: it runs its code.
 
     A checkpoint is a pickle; with weights_only=False, unpickling it may call any function it
-    names, so a file from someone else can run code on your machine. Save tensors, numbers and
-    strings (state_dict(), not the model object), and load with weights_only=True.
+    names. A file in a folder anyone on the machine may write to (/tmp, /dev/shm) that this job did
+    not save could have been put there, or replaced, by another user's process: loading it so runs
+    their code, as you, on every rank. Load with weights_only=True, and save plain data (a
+    state_dict(), not the model object). A file of your own that you trust is DDP613's, a warning.
     """
+    saved = {e["path"] for _, e in f.job.records("save")} | set(f.renamed.values())
     for _, e in f.job.records("load"):
-        if e["weights_only"] is False:
+        if e["weights_only"] is False and e["shared"] and e["path"] not in saved:
             return Found(
-                f"{f.code(e['at'])} loads with weights_only=False: loading such a file runs any code it names"
+                f"{f.code(e['at'])} loads {e['path']} with weights_only=False, from a folder anyone on the "
+                "machine may write to, and this job did not save it: loading it runs any code it names"
             )
     return None
 
@@ -4653,6 +4968,7 @@ def unsafe_load(f):
 @rule(
     "DDP602",
     "FAIL",
+    launch="follows",
     help="save on global rank 0 alone: if dist.get_rank() == 0: torch.save(...) (a test of LOCAL_RANK is "
     "true once per node), with no collective inside",
 )
@@ -4690,8 +5006,42 @@ def every_rank_saves(f):
 
 
 @rule(
+    "DDP612",
+    "FAIL",
+    launch="follows",
+    explains=("crash",),
+    help="make the folder and write the file on global rank 0 alone (if dist.get_rank() == 0:), or give each "
+    "rank a path of its own; os.makedirs(path, exist_ok=True) where every rank needs the folder",
+)
+def ranks_race_for_a_path(f):
+    """Several ranks make or write one path at once, and one of them fails on it.
+
+    The second rank to call os.makedirs(path) finds it taken (FileExistsError); a file one rank
+    renames into place, or removes, is gone when another reaches for it (FileNotFoundError). Which
+    rank fails is the luck of the moment: a job that ran once fails the next time, or on another
+    file system, wherever it happens to be (saving, evaluating). Make folders and write files on
+    global rank 0 alone, or give each rank a path of its own.
+    """
+    if not f.crash or not f.crash[1]["path"]:
+        return None
+    rank, e = f.crash
+    touched = {}
+    for r, w in f.job.records("write"):
+        if w["path"] == e["path"]:
+            touched.setdefault(r, w)
+    if len(touched) < 2:
+        return None
+    first = touched[min(touched)]
+    return Found(
+        f"{ranks_text(touched)} {both(touched)} make or write {f.job.relpath(e['path'])} at "
+        f"{f.code(first['at'])}: rank {rank} failed on it ({e['type']}: {short(e['message'])})"
+    )
+
+
+@rule(
     "DDP610",
     "FAIL",
+    launch="follows",
     help="write the file from one rank (if dist.get_rank() == 0:), or name one file per rank",
 )
 def several_ranks_overwrite(f):
@@ -4707,15 +5057,7 @@ def several_ranks_overwrite(f):
     }
     writers = {}
     for rank, e in f.job.records("write"):
-        emptied = (
-            e["at"] in f.source.emptied_at
-        )  # `with open(path, "w"): pass`: emptied, nothing written over
-        if (
-            e["mode"] == "overwrite"
-            and e["path"] not in saved
-            and not e["path"].endswith(".lock")
-            and not emptied
-        ):
+        if e["mode"] == "overwrite" and e["path"] not in saved and e["path"] not in f.empty_files:
             writers.setdefault(f.renamed.get(e["path"], e["path"]), {})[rank] = e
     for path, by in sorted(writers.items()):
         if len(by) > 1:
@@ -4793,9 +5135,10 @@ def several_ranks_write(f):
     """
     writers = {}
     for rank, e in f.job.records("write"):
-        writers.setdefault(e["path"], {})[rank] = e
+        if e["how"] != "os.mkdir" and e["path"] not in f.empty_files:
+            writers.setdefault(e["path"], {})[rank] = e
     for path, by in sorted(writers.items()):
-        if len(by) > 1 and not path.endswith(".lock"):
+        if len(by) > 1:
             e = next(iter(by.values()))
             return Found(f"{ranks_text(by)} {both(by)} wrote {f.job.relpath(path)} at {f.code(e['at'])}")
     return None
@@ -4836,6 +5179,37 @@ def no_optimizer_state(f):
             f"the checkpoint saved at {f.code(saves[0][1]['at'])} holds no optimizer state: training cannot "
             "resume exactly from it"
         )
+    return None
+
+
+@rule(
+    "DDP613",
+    "warn",
+    see="unsafe_load",
+    help="load with weights_only=True where the file holds plain data; where it must be False, load only "
+    "files you wrote, and say so: # check_ddp: ignore[DDP613]",
+)
+def trusted_load_runs_code(f):
+    """torch.load(..., weights_only=False): the file's pickle may run code; a choice, for a file you trust.
+
+    With weights_only=False, unpickling may call any function the file names. For a checkpoint
+    the script wrote itself, or a pretrained file it ships with, that is a choice with a risk, as a
+    linter's security rules treat it: a warning, not a broken step. It becomes DDP601, a FAIL,
+    where the file sits in a folder anyone may write to. Save plain data and load with
+    weights_only=True; or keep False for your own files, and say so with `# check_ddp:
+    ignore[DDP613]` on the line.
+    """
+    for _, e in f.job.records("load"):
+        if e["weights_only"] is False:
+            return Found(
+                f"{f.code(e['at'])} loads with weights_only=False: unpickling it may run code it names"
+            )
+    for at, keywords in f.source.calls("torch.load"):
+        if keywords.get("weights_only") is False:
+            return Found(
+                f"{f.code(at)} loads with weights_only=False (not reached in this run): unpickling it may "
+                "run code it names"
+            )
     return None
 
 
@@ -4928,6 +5302,7 @@ def step_7_summary(f):
 @rule(
     "DDP801",
     "FAIL",
+    launch="root",
     explains=("hang",),
     help="drop the launch in the script (mp.spawn, mp.Process): run the training function once, reading "
     "RANK, LOCAL_RANK and WORLD_SIZE from the environment torchrun makes; launch with torchrun",
@@ -4994,6 +5369,7 @@ def unpassed_local_rank(f):
 @rule(
     "DDP805",
     "FAIL",
+    launch="root",
     explains=("crash",),
     help="read who the process is from the environment: local_rank = int(os.environ['LOCAL_RANK']) (the old "
     "torch.distributed.launch passed --local_rank; torchrun sets LOCAL_RANK, RANK and WORLD_SIZE)",
@@ -5041,6 +5417,7 @@ def rank_from_arguments(f):
 @rule(
     "DDP807",
     "FAIL",
+    launch="root",
     help="read who the process is from torchrun's variables: RANK, LOCAL_RANK, WORLD_SIZE (or support both "
     "launchers: try torchrun's first)",
 )
@@ -5077,6 +5454,7 @@ def rank_from_another_launcher(f):
 @rule(
     "DDP808",
     "FAIL",
+    launch="root",
     help="read who each process is from torchrun: dist.init_process_group() reads RANK and WORLD_SIZE, "
     "and LOCAL_RANK picks the GPU",
 )
@@ -5269,24 +5647,59 @@ def left_loop_apart(f):
 @rule(
     "DDP1001",
     "FAIL",
-    explains=("crash",),
-    help="evaluate the bare model, model.module, under torch.no_grad(): it needs no other rank",
+    explains=("crash", "hang"),
+    help="evaluate the bare model, model.module, under torch.no_grad(), where some ranks evaluate alone; "
+    "or evaluate through DDP on every rank",
 )
 def evaluated_through_ddp_alone(f):
     """A rank evaluated through the DDP model while the others did not: DDP's forward waits for them.
 
-    DDP's forward() can take part in collectives (it syncs buffers such as BatchNorm's running
-    statistics from rank 0). Evaluating through it on rank 0 alone leaves rank 0 waiting for
-    ranks that are not there. Evaluate the bare model, model.module.
+    DDP's forward() takes part in collectives (it syncs buffers such as BatchNorm's running
+    statistics from rank 0, on every call). Evaluating through it on rank 0 alone (a last
+    evaluation, a sample for the log) leaves rank 0 waiting for ranks that are not there: on nccl
+    a hang until the timeout, on gloo "Connection closed by peer" once the others have ended. What
+    it keeps from happening (the checkpoint after it, the clean-up) follows from it. Evaluate the
+    bare model, model.module, or evaluate through DDP on every rank.
     """
-    if f.crash and f.crash[1].get("loader") in f.evaluation:
-        rank, e = f.crash
-        if e.get("call") == DDP_FORWARD and COMMUNICATION_ERROR.search(e["message"]):
-            return Found(
-                f"rank {rank} evaluated through the DDP model at {f.code(e['at'])} while the other ranks did "
-                f"not: DDP's forward waits for them ({short(e['message'])})"
-            )
-    return None
+    found = out_of_step(f, "eval_alone")  # a hang
+    if found is not None:
+        found.follows = {6: "", 7: ""}
+        return found
+    if not f.crash:
+        return None
+    rank, e = f.crash
+    if (
+        e.get("call") != DDP_FORWARD
+        or not COMMUNICATION_ERROR.search(e["message"])
+        or not evaluating(f, rank)
+    ):
+        return None
+    here = len([x for _, x in f.job.records("eval", rank=rank) if x["at"] == e["at"]])
+    others = [
+        r
+        for r in f.job.ranks
+        if r != rank and len([x for _, x in f.job.records("eval", rank=r) if x["at"] == e["at"]]) < here
+    ]
+    if not others:
+        return None
+    return Found(
+        f"rank {rank} evaluated through the DDP model at {f.code(e['at'])}, and {ranks_text(others)} did "
+        f"not: DDP's forward waits for them ({short(e['message'])})",
+        follows={6: "", 7: ""},
+    )
+
+
+def evaluating(f, rank):
+    """Whether the rank was evaluating when it stopped: a forward without gradients, or a pass over an
+    evaluation loader, came after its last optimizer step and its last pass over training data."""
+    for e in reversed(f.job.ranks.get(rank, [])):
+        if e["e"] == "eval":
+            return True
+        if e["e"] == "pass":
+            return e["loader"] in f.evaluation
+        if e["e"] == "step":
+            return False
+    return False
 
 
 @rule(
@@ -5462,39 +5875,50 @@ def step_10_summary(f):
     "DDP000",
     "FAIL",
     explains=("crash",),
-    help="the script's own error; torchrun then stopped every rank. Its traceback is in the job's output "
-    "(below)",
+    help="the script's own error, not a DDP step's: torchrun then stopped every rank. Its traceback is in "
+    "the job's output (below)",
 )
 def crashed(f):
     """The script stopped with an error of its own.
 
     A rank raised an error that none of the other findings explains; torchrun then stopped every
-    rank. The report gives the error and the script's line that raised it, under the step the
-    rank was in; the job's output has the whole traceback. An error that is not the script's is
-    not checked (--): one that needs a GPU the stand-in cannot give (CUDA's own generator, a CUDA
-    extension), or one of check_ddp's own code.
+    rank. The report puts it where the call that raised it belongs: under its DDP step, where that
+    call is a DDP call (a DataLoader made with both a sampler and shuffle=True: DDP step 3; a
+    checkpoint that does not load: DDP step 6); else on a line of its own, the script's, where the
+    script's own code raised it (a bug of its own, a library's error, a file it cannot find), whatever
+    step the job was in. The job's output has the whole traceback. An error that is not the script's
+    is not checked (--): one that needs a GPU the stand-in cannot give (CUDA's own generator, a CUDA
+    extension), a program the script runs that the machine lacks, or one of check_ddp's own code.
     """
     if f.crash is None or "crash" in f.explained:
         return None
     rank, event = f.crash
-    step = crash_step(f, event)
+    step = crash_step(f, rank, event)
     error = f"{event['type']}: {short(event['message'])}"
-    if event["raised"] == "checker":  # this file's own error stopped the script: never the script's
+    at = inner_place(event["message"], f.job) or event["at"]
+    first_unjudged = next((s for s in STEPS if s not in {x.step for x in f.lines if x.verdict != "--"}), 8)
+    if event["raised"] == "checker" and rank not in f.refused:  # this file's own error: never the script's
         return Found(
             f"not checked: check_ddp's own error stopped the job here, at {f.code(event['at'])}: {error}",
-            step=step,
+            step=step or first_unjudged,
             verdict="--",
         )
-    if f.standin and needs_gpu(event):  # what the stand-in cannot run: not a mistake; a step not judged
+    if event["program"]:  # a program this machine lacks: the machine's, not the script's
+        return Found(
+            f"not checked: the job stopped where the script runs {event['program']}, which this machine "
+            f"lacks, at {f.code(at)}",
+            step=step or first_unjudged,
+            verdict="--",
+        )
+    if f.standin and needs_gpu(f, rank, event):  # what the stand-in cannot run: a step not judged
         judged = {x.step for x in f.lines if x.verdict != "--"}
-        step = next((s for s in STEPS if step <= s <= 8 and s not in judged), step)
+        step = next((s for s in STEPS if (step or 1) <= s <= 8 and s not in judged), step or first_unjudged)
         return Found(
             f"not checked: the job stopped where it needs a GPU, at {f.code(event['at'])}: {error}",
             step=step,
             verdict="--",
         )
-    at = inner_place(event["message"], f.job) or event["at"]
-    doing = crash_phase(f, rank)[0] if event.get("loader") not in f.evaluation else "while evaluating"
+    doing = crash_phase(f, rank)[0]
     return Found(f"rank {rank} stopped with an error {doing}, at {f.code(at)}: {error}", step=step)
 
 
@@ -5556,11 +5980,12 @@ def how_it_ran(job):
 
 
 def as_json(job, lines, status):
-    """The report as data: what ran, and a finding per DDP step, as the text report has them."""
+    """The report as data: what ran, and a finding per DDP step (and the script's own error, step null),
+    as the text report has them; the findings silenced, and the silencing comments that name no code."""
     findings = [
         {
-            "step": line.step,
-            "name": STEPS[line.step],
+            "step": line.step or None,
+            "name": step_name(line.step),
             "verdict": line.verdict,
             "code": line.code,
             "message": line.message,
@@ -5576,9 +6001,15 @@ def as_json(job, lines, status):
         "seconds": round(job.seconds, 1),
         "exit": status,
         "findings": findings,
+        "ignored": [{"code": code, "at": at, "step": step} for code, at, step in job.ignored],
+        "unknown_ignores": [{"at": at, "code": code} for at, code in job.unknown_ignores],
         "own_errors": own_errors(job),
         "output": str(job.folder / "output.log"),
     }
+
+
+def step_name(step):
+    return STEPS.get(step, "the script's own error")
 
 
 def report(job, lines):
@@ -5593,11 +6024,15 @@ def report(job, lines):
             f"{again.seconds:.1f} s): DDP step {steps} from the run before, the other steps from this one"
         )
     for line in lines:
-        head = f"DDP step {line.step:<2} {line.verdict:<5} "
+        name = f"DDP step {line.step:<2}" if line.step else "the script"
+        head = f"{name:<11} {line.verdict:<5} "
         indent = " " * len(head)
         out.append(
             textwrap.fill(
-                f"{STEPS[line.step]}: {line.message}", width, initial_indent=head, subsequent_indent=indent
+                f"{step_name(line.step)}: {line.message}",
+                width,
+                initial_indent=head,
+                subsequent_indent=indent,
             )
         )
         if line.verdict in ("FAIL", "warn"):
@@ -5607,15 +6042,25 @@ def report(job, lines):
                 )
             )
             out.append(f"{indent}see:  {see(line)}")  # whole, to copy
+    out += [
+        f"check_ddp: {at}: ignore[{code}] names no code of check_ddp's (check_ddp.py --explain lists them)"
+        for at, code in job.unknown_ignores
+    ]
     own = own_errors(job)
     out += [f"check_ddp: {text}" for text in own]
-    failed = [line.step for line in lines if line.verdict == "FAIL"]
+    failed = [line.step for line in lines if line.verdict == "FAIL" and line.step]
     warned = [line.step for line in lines if line.verdict == "warn"]
     verdict = (
         "FAIL: DDP step " + ", ".join(map(str, failed)) + " failed" if failed else "ok: no DDP step failed"
     )
+    if any(line.verdict == "FAIL" and not line.step for line in lines):
+        verdict = (verdict + ", and" if failed else "FAIL:") + " the script stopped with its own error"
     if warned:
         verdict += f" ({plural(len(warned), 'warning')}: DDP step " + ", ".join(map(str, warned)) + ")"
+    if job.ignored:
+        verdict += f"; {plural(len(job.ignored), 'finding')} ignored as the script asks: " + ", ".join(
+            f"{code} at {at}" for code, at, _ in job.ignored
+        )
     if own:
         verdict += "; the check is incomplete: check_ddp's own error, above, is not your script's"
     if any(line.verdict == "--" for line in lines):
