@@ -20,8 +20,9 @@ are stood in (cuda -> cpu, nccl -> gloo; each GPU the script asks for is recorde
 line), and the processes are shown as two nodes of one GPU each (--nnodes), so that RANK and
 LOCAL_RANK differ on the second node, as they do on a real multi-node job.
 
-Exit status: 0 when no step failed (warnings included), 1 when one did, 2 for a usage error, 3
-when check_ddp's own error made the check incomplete (never your script's).
+Exit status: 0 when no step failed (warnings included), 1 when one did or the script stopped with
+an error of its own, 2 for a usage error (a silencing comment that names no code among them), 3 when
+check_ddp's own error made the check incomplete (never your script's).
 A job that stops making progress for --silence seconds is stopped, and the report says where
 each rank was waiting. One self-contained file: copy it into your own project.
 
@@ -38,17 +39,30 @@ How it works, in the order the data flows (the sections of this file, in this or
    where each tensor would be), puts CPU versions of CUDA and NCCL in torch's place, declared
    in WRAPPERS as the watcher's wrappers are (@stands_in, @replaces), and applied first. It
    says what it stood in for in records of its own; the watcher never reads its state.
-3. judge: Facts reads a job and derives, once, what several rules need (the loaders' passes,
-   the crash, where each rank waits). Each RULES entry is one finding: a code (DDP3xx for
-   step 3), its verdict, its help, and its docstring, the explanation --explain prints. For
-   each step, the first rule that finds something is the step's line; else the step's
+3. judge: Facts reads a job's records and derives, once, what several rules need (the loaders'
+   passes, the crash, where each rank waits); Source reads the script's code as the job saw it,
+   for what the run did not show (a load never reached, the if around a call). Each RULES entry
+   is one finding: a code (DDP3xx for step 3), its verdict, its help, and its docstring, the
+   explanation --explain prints. For each step, the first rule that finds something (and that
+   the script does not silence: # check_ddp: ignore[CODE]) is the step's line; else the step's
    summary says ok, or -- for not checked.
-4. report: a line per step, the verdict last.
+4. report: a line per step, the script's own error after them, the verdict last.
 
-How to add a check: if the records do not show it yet, add the field or the kind to SCHEMA
-and record it in a wrapper (@watches); write the rule (@rule) among its step's rules, in the
-order they are tried, its docstring saying what happens, why, and what to do; then add a case
-to tests/check_ddp_cases/ whose first line names the code (tests/check_ddp_cases/README.md).
+How to add a check:
+1. If the records do not show it yet, record it in a wrapper (@watches, or the stand-in's
+   @stands_in): a new kind of record goes into SCHEMA, a new field of a kind into OPTIONAL with
+   the value an older record means (so that jobs recorded before it still judge as they did; a
+   new kind changes recorder(), the digest --judge compares, and every recorded job must be
+   recorded again). A private name of torch's the wrapper reads goes into PRIVATE.
+2. Write the rule (@rule) under its step's banner, at its place in ORDER (the order the step's
+   rules are tried in: a cause before its symptoms, a FAIL before a warn of the same evidence),
+   its docstring saying what happens, why, and what to do (--explain prints it). A finding is
+   filed by the call that caused it and the data it touched, never by the phase the job was in;
+   what the run did not reach, read from the script's code (Facts.source) or exercised where it
+   is cheap. One cause, one FAIL: what follows from it says so (Found's follows; launch=).
+3. Add a case to tests/check_ddp_cases/ whose first line names the code
+   (tests/check_ddp_cases/README.md), and record its job: python tests/record_check_ddp_jobs.py
+   CASE (a rule's new wording needs only --reports).
 """
 
 import argparse
@@ -121,7 +135,8 @@ def main(argv=None):
         description=__doc__.splitlines()[0],
         epilog="Options go before the script; what follows the script is passed to it. The report has a "
         "line per DDP step: ok, warn, FAIL, or -- (not checked: the job did not show it, or it follows from "
-        "another step's FAIL). Exit status: 0 no step failed, 1 a step failed, 2 a usage error, 3 "
+        "another step's FAIL). Exit status: 0 no step failed, 1 a step failed or the script stopped with "
+        "its own error, 2 a usage error, 3 "
         "check_ddp's own error (not your script's). The job runs in this folder, and leaves there what your "
         "script writes.",
     )

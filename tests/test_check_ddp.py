@@ -369,11 +369,83 @@ def reports(request, tmp_path_factory):
         yield futures
 
 
-# live, every case is the slow tier's: the quick tier watches live only train_ddp.py and the README's
-# conversion (above), and the watcher in one process (test_check_ddp_watcher.py); it judges every
-# case's recorded job, in milliseconds, so that every rule is checked on every change
+def watcher_paths(folder):
+    """The paths of the watcher (and the stand-in) that a recorded job took: each kind of record it
+    wrote, with the values that chose the way it was recorded (how a GPU was asked for, which
+    collective, who raised a crash, how a file was written, which sampler), and how the job ended."""
+    taken = set()
+    for path in Path(folder).rglob("rank*.jsonl"):
+        for line in path.read_text().splitlines():
+            e = json.loads(line)
+            taken.add((e["e"], variant(e)))
+    ending = json.loads((Path(folder) / "job.json").read_text())
+    return taken | {("job", name) for name in ("hung", "stuck_at_exit", "then") if ending.get(name)}
+
+
+def variant(e):
+    """What of a record chose the watcher's path to it, by its kind."""
+    kind = e["e"]
+    if kind == "gpu":
+        return e["how"], bool(e.get("refused"))
+    if kind == "coll":
+        return e["name"], e.get("group") is not None
+    if kind == "crash":
+        return e.get("raised"), bool(e.get("call")), bool(e.get("within")), bool(e.get("path"))
+    if kind == "write":
+        return e["how"], e.get("mode")
+    if kind == "spawn":
+        return e["how"].split("(")[0]
+    if kind == "loader":
+        return e["sampler"], bool(e["distributed"]), e["data"] is None, e["length"] is None
+    if kind == "read":
+        return e["key"] in ("LOCAL_RANK", "RANK", "WORLD_SIZE"), e["by"], e["found"]
+    if kind == "save":
+        return bool(e.get("unsafe")), e["path"] is None
+    if kind == "load":
+        return e["weights_only"], bool(e.get("shared"))
+    if kind == "compile":
+        return e["how"], e["wraps_ddp"]
+    if kind == "ddp":
+        return e["compiled"], e["compiled_inside"], e["find_unused_parameters"]
+    if kind == "batch":
+        return e["idx"] is None
+    if kind == "fault":
+        return e["type"]
+    return None
+
+
+def live_cases(cases):
+    """Of cases, those checked live (the slow tier): each one's recorded job took a path of the watcher
+    that no case chosen before it took, chosen greedily, most paths first; every other case's recorded
+    job is judged in the quick tier. A new case that takes a new path is chosen by itself."""
+    recorded = [case for case in cases if (JOBS / case.stem / "job.json").is_file()]
+    paths = {case: watcher_paths(JOBS / case.stem) for case in recorded}
+    chosen, covered = [], set()
+    while True:
+        case = max(paths, key=lambda c: (len(paths[c] - covered), c.stem == "mnist_ok"), default=None)
+        if case is None or not paths[case] - covered:
+            return sorted(chosen)
+        chosen.append(case)
+        covered |= paths.pop(case)
+
+
+LIVE = live_cases(CASES)
+
+
+def test_the_cases_checked_live_take_every_path_any_recorded_job_took():
+    """Live checks cost minutes; each path of the watcher is still taken live by some case, and every
+    case is judged from its recording."""
+    taken = set().union(*(watcher_paths(JOBS / case.stem) for case in CASES))
+    assert set().union(*(watcher_paths(JOBS / case.stem) for case in LIVE)) == taken
+    assert len(LIVE) < len(CASES)
+
+
+# live, the cases whose watcher paths no other case takes (LIVE), in the slow tier: the quick tier
+# watches live only train_ddp.py and the README's conversion (above), and the watcher in one process
+# (test_check_ddp_watcher.py); it judges every case's recorded job, in milliseconds, so that every rule is
+# checked on every change
 @pytest.mark.slow
-@pytest.mark.parametrize("case", CASES, ids=[case.stem for case in CASES])
+@pytest.mark.parametrize("case", LIVE, ids=[case.stem for case in LIVE])
 def test_check_ddp_on_a_script_in_another_style(reports, case):
     proc, report = reports[case.stem].result()
     assert_says_what_the_case_states(case, proc.returncode, steps_of(report["findings"]), proc.stdout)
@@ -446,6 +518,7 @@ CPU_CASES = [
     )
     and "DDP000" not in case.read_text().splitlines()[0]
 ]
+CPU_CASES = live_cases(CPU_CASES)  # of those, the ones whose watcher paths no other takes
 
 
 def printed(output):
@@ -585,6 +658,29 @@ def test_check_ddp_passes_our_train_ddp(tmp_path):
         proc.stdout
     )  # 9 and 10 too: it accumulates with no_sync, and evaluates exactly
     assert (work / "out/train_ddp/run_1/model_epoch_2.pt").exists()  # the job ran for real
+
+
+def test_a_silencing_comment_that_names_no_code_is_a_usage_error_before_anything_runs(tmp_path):
+    """ignore[DDP9999] is a mistake in the comment, never a silence: exit 2, saying which line, and no
+    job started."""
+    (tmp_path / "train.py").write_text("import os\nprint(os.getpid())  # check_ddp: ignore[DDP9999]\n")
+    proc = run([sys.executable, str(CHECK), "train.py"], cwd=tmp_path, expect=2)
+    assert "train.py:2: # check_ddp: ignore[DDP9999] names no code" in proc.stderr, proc.stderr
+    assert not proc.stdout
+
+
+def test_a_finding_the_script_silences_is_counted_and_named(tool):
+    """# check_ddp: ignore[DDP1005] on the line the finding names: the step says what else it finds (ok
+    here), and the report and its JSON count and name what was ignored."""
+    job = tool.Job.load(JOBS / "course_evaluates_all_accepted")
+    lines = tool.judge(job)
+    assert [(x.step, x.verdict) for x in lines if x.step == 10] == [(10, "ok")]
+    data = tool.as_json(job, lines, 0)
+    assert data["ignored"] == [{"code": "DDP1005", "at": "course_evaluates_all_accepted.py:30", "step": 10}]
+    assert (
+        "1 finding ignored as the script asks: DDP1005 at course_evaluates_all_accepted.py:30"
+        in tool.report(job, lines)
+    )
 
 
 def test_a_missing_script_is_a_usage_error(tmp_path):
