@@ -119,6 +119,11 @@ PITFALLS = {  # the programs in pitfalls/, beside this file in its project, that
     "notebook": "pitfalls/step8_ddp_inside_a_notebook_cell.py",
     "no_sync": "pitfalls/step9_accumulation_without_no_sync.py",
     "early_stop": "pitfalls/step10_early_stop_on_one_rank.py",
+    "every_rank_saves": "pitfalls/step6_every_rank_saves.py",
+    "optimizer_before_shard": "pitfalls/fsdp_step4_optimizer_before_fully_shard.py",
+    "full_state_dict_rank_zero": "pitfalls/fsdp_step6_full_state_dict_on_rank_zero.py",
+    "sharded_state_dict": "pitfalls/fsdp_step6_sharded_state_dict_saved_by_rank_zero.py",
+    "fsdp_eval_alone": "pitfalls/fsdp_step10_evaluate_on_rank_zero.py",
 }
 LAUNCH_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
 # In a run again with the script's own launch set aside (see set_aside): its writes of LAUNCH_VARIABLES
@@ -518,8 +523,8 @@ SCHEMA = {
     # step 2, the stand-in's own: a GPU the script asks for (how: set_device, to, cuda, a factory's
     # device=, device_ids, device_id, ...), once per way and line; where the first batch of a model
     # the script put on a GPU is (cuda:N, or cpu), and where the model is (once a model, and once a
-    # DDP model); the GPUs of the model a DDP model wraps, as the script put it (its "ddp" record
-    # says where it really is: the CPU)
+    # DDP model); the GPUs of the model a DDP model wraps, or of a model sharded, as the script put it
+    # (its "ddp" or "shard" record says where it really is: the CPU)
     "gpu": ("how", "index", "at"),
     "input": ("device", "model", "at"),
     "ddp_gpus": ("at", "devices"),
@@ -549,6 +554,10 @@ SCHEMA = {
         "parameters",
     ),
     "ddp_freed": (),
+    # a model sharded (FSDP): fully_shard() on a module (FSDP2), or FullyShardedDataParallel(...) (FSDP1):
+    # its class, its parameters (the rank's local shards: their count, and their values summed, as
+    # sharded, before training), over how many ranks
+    "shard": ("at", "how", "module", "parameters", "local", "ranks", "devices"),
     "step": ("n", "backward", "synced", "forward", "items", "loader"),
     # step 10: the first forward without gradients since the last optimizer step (through the DDP
     # model, or the model it wraps), and the loader that gave the last batch
@@ -592,8 +601,9 @@ OPTIONAL = {
     # at the end: each forward without gradients' first input, summed (as training's inputs are): what
     # each rank evaluated, to compare between ranks; the files this rank wrote that are empty (nothing in
     # them to tear: a lock, a marker); the script's own Python files it imported (their code is read for
-    # what the run did not reach)
-    "exit": {"eval_inputs": [], "empty": None, "files": None},
+    # what the run did not reach); the local shards of the last model sharded, summed as at its shard
+    # record (None: no model was sharded)
+    "exit": {"eval_inputs": [], "empty": None, "files": None, "sharded": None},
     # a file written: "overwrite" (opened to write from its start, or renamed into place), "append";
     # a folder made: "create"
     "write": {"mode": None},
@@ -606,6 +616,9 @@ OPTIONAL = {
     # a GPU the stand-in refused, as CUDA or torch would: "negative" (a negative index), "past_node" (one
     # the node lacks: "invalid device ordinal"), "invalid" (a device torch.device() cannot parse)
     "gpu": {"refused": None},
+    # a forward without gradients through a sharded model ("sharded": it all-gathers, a collective), or
+    # not (None: through DDP, or the model DDP wraps)
+    "eval": {"through": None},
 }
 
 
@@ -780,14 +793,20 @@ def main_thread_position(main):
     """(the watched call the main thread is in, or None; the script's lines it came from, innermost
     first; the innermost frame, which moves while it computes; whether torch is compiling)."""
     frame = sys._current_frames().get(main)
-    call, stack, inner, compiling = None, [], place(frame) if frame else None, False
+    call, stack, inner, compiling, depth = None, [], place(frame) if frame else None, False, 0
     while frame is not None:
         if call is None and not stack and frame.f_code in CALL_OF_CODE:
             call = CALL_OF_CODE[frame.f_code]
         if is_users(frame.f_code.co_filename):
             stack.append(place(frame))
-        compiling = compiling or re.search(r"torch[/\\]_(dynamo|inductor)[/\\]", frame.f_code.co_filename)
-        frame = frame.f_back
+        # compiling: torch's compiler among the innermost frames, at work (not a wrapper of its on the way,
+        # as torch.compiler.disable's around FSDP's hooks, under a collective that waits)
+        compiling = (
+            compiling
+            or depth < 8
+            and re.search(r"torch[/\\]_(dynamo|inductor)[/\\]", frame.f_code.co_filename)
+        )
+        frame, depth = frame.f_back, depth + 1
     del frame
     return call, stack[:8], inner, bool(compiling)
 
@@ -863,6 +882,16 @@ def stored_data(dataset, depth=0):
     return [v for v in dict(held).values() if is_data(v, 0)]
 
 
+def stored_length(dataset):
+    """The number of samples a dataset holds, read from the data it stores (its tensors' and arrays'
+    first dimension, its lists' lengths) where they all agree; None where it stores none, or they differ."""
+    lengths = {
+        len(value) if type(value) in (list, tuple) else value.shape[0] for value in stored_data(dataset)
+    }
+    lengths.discard(0)
+    return lengths.pop() if len(lengths) == 1 else None
+
+
 def dataset_fingerprint(dataset):
     """The data a dataset holds (its tensors, arrays and lists), read as stored: None for a dataset
     that makes its samples as they are asked for. The check calls nothing of the dataset's: a
@@ -884,6 +913,7 @@ def describe_checkpoint(obj):
     import torch
 
     found = {"models": 0, "module_prefix": 0, "orig_mod_prefix": 0, "optimizer": False, "module": None}
+    found["sharded"] = 0  # DTensors: a sharded model's state, this rank's shards of it
 
     def visit(value, depth):
         if isinstance(value, torch.nn.Module):
@@ -898,6 +928,7 @@ def describe_checkpoint(obj):
                 and all(isinstance(v, torch.Tensor) for v in value.values())
             ):
                 found["models"] += 1
+                found["sharded"] += sum(type(v).__name__ == "DTensor" for v in value.values())
                 found["module_prefix"] += all(k.startswith("module.") for k in keys)
                 found["orig_mod_prefix"] += any("_orig_mod." in k for k in keys)
             else:
@@ -1039,6 +1070,7 @@ class Watcher:
         self.of = Beside()  # the same, for each DataLoader, its iterators, and models, by identity
         self.faults = set()  # where this file's own errors were (caught, and recorded once each)
         self.live_ddp = []  # weak references to the DDP models made
+        self.sharded = []  # weak references to the models sharded (FSDP), the last one the root
         self.weights = []  # the parameters of those models, or of the first optimizer: fingerprinted at exit
         self.inputs = []  # a fingerprint of each training forward's first input, kept on its device
         self.eval_inputs = []  # the same, of each forward without gradients (up to 256)
@@ -1295,7 +1327,9 @@ def describe_loader(w, loader, DistributedSampler):
         id=info["id"],
         at=where(),
         dataset=type(dataset).__name__,
-        length=length_of(dataset) if torchs else None,
+        # a length asked only of torch's own (a TensorDataset's, or one its own samplers ask anyway), else
+        # read from the data the dataset holds, as stored
+        length=length_of(dataset) if torchs or (mapped and is_torchs(dataset)) else stored_length(dataset),
         batches=length_of(loader) if torchs else None,
         data=dataset_fingerprint(dataset),
         sampler=type(sampler).__name__,
@@ -1512,7 +1546,7 @@ def input_sum(tensor):
     return (sample * torch.arange(1, len(sample) + 1, device=sample.device)).sum()
 
 
-def evaluated(w, first=None):
+def evaluated(w, first=None, through=None):
     """A forward without gradients, through the DDP model or the model it wraps: the first of a
     run of them (an evaluation, if no optimizer step comes in between) is recorded, with its line;
     what each evaluated is summed up (its first input), to compare between ranks."""
@@ -1523,7 +1557,8 @@ def evaluated(w, first=None):
         w.eval_inputs.append(input_sum(first))
     if not w.state["evaluating"]:
         w.state["evaluating"] = True
-        w.rec.add("eval", at=where(), loader=w.state["pass"] and w.state["pass"]["loader"])
+        extra = {"through": through} if through else {}
+        w.rec.add("eval", at=where(), loader=w.state["pass"] and w.state["pass"]["loader"], **extra)
 
 
 def hook(w, module, function):
@@ -1609,6 +1644,88 @@ def after_step(w, optimizer, args, kwargs):
             last=state["last"],
         )
     state.update(backward=0, synced=0, forward=0, prepared=0, last=None, items={}, evaluating=False)
+
+
+# FSDP: a model sharded, what goes through it, and the full state dict gathered
+
+
+@watches("torch.distributed.fsdp", "fully_shard", step=4, label="fully_shard()")
+@watches("torch.distributed.fsdp._fully_shard._fully_shard", "fully_shard", step=4, label="fully_shard()")
+def fully_shard(original, w, _):
+    def fully_shard(module, *args, **kwargs):
+        result = original(module, *args, **kwargs)
+        with Quietly(w):
+            if called_by_user():
+                sharded(w, module if result is None else result, "fully_shard")
+        return result
+
+    return fully_shard
+
+
+@watches("torch.distributed.fsdp.FullyShardedDataParallel", "__init__", step=4, label="FSDP(...)")
+def fsdp1_init(original, w, _):
+    def fsdp1_init(self, module, *args, **kwargs):
+        original(self, module, *args, **kwargs)
+        with Quietly(w):
+            if called_by_user():
+                sharded(w, self, "FullyShardedDataParallel")
+
+    return fsdp1_init
+
+
+def sharded(w, module, how):
+    """A model the script sharded: recorded with its local shards summed, its evaluations watched (a
+    forward hook on it: only the outermost sharded model's forward counts), and its parameters (not
+    gathered) are what the end's record sums."""
+    import torch.distributed as dist
+
+    inner = getattr(module, "_fsdp_wrapped_module", module)
+    w.sharded.append(weakref.ref(module))
+    w.weights[:] = list(module.parameters())
+    w.rec.add(
+        "shard",
+        at=where(),
+        how=how,
+        module=type(inner).__name__.removeprefix("FSDP"),
+        parameters=sum(local(p).numel() for p in module.parameters()),
+        local=local_sum(module),
+        ranks=dist.get_world_size() if dist.is_initialized() else None,
+        devices=sorted({str(local(p).device) for p in module.parameters()}),
+    )
+    if not getattr(w.of.get(module), "get", lambda _: None)("sharded_hook"):
+        pre = module.register_forward_pre_hook(functools.partial(sharded_forward, w, +1))
+        post = module.register_forward_hook(functools.partial(sharded_forward, w, -1))
+        entry = w.of.set(module, w.of.get(module) or {"hooks": []})
+        entry["hooks"] += [pre, post]
+        entry["sharded_hook"] = True
+
+
+def sharded_forward(w, depth, module, args, *output):
+    """Around a sharded model's forward: the outermost one without gradients is an evaluation (which
+    all-gathers the parameters on every rank that runs it)."""
+    with Quietly(w):
+        if depth > 0 and not w.state.get("in_sharded") and not grad_enabled():
+            import torch
+
+            evaluated(w, next((a for a in args if isinstance(a, torch.Tensor)), None), through="sharded")
+        w.state["in_sharded"] = w.state.get("in_sharded", 0) + depth
+
+
+@watches(
+    "torch.distributed.checkpoint.state_dict", "get_model_state_dict", "get_optimizer_state_dict",
+    "get_state_dict", step=6, label="{name}()",
+)  # fmt: skip
+def state_dict_gather(original, w, name):
+    signature = inspect.signature(original)
+
+    def state_dict_gather(*args, **kwargs):
+        with Quietly(w):
+            options = signature.bind_partial(*args, **kwargs).arguments.get("options")
+            if called_by_user() and getattr(options, "full_state_dict", False):  # a gather: a collective
+                w.rec.add("coll", name=name, at=where(), step=w.state["step"], group=None)
+        return original(*args, **kwargs)
+
+    return state_dict_gather
 
 
 @watches("torch.Tensor", "item", step=5, label=".item()")
@@ -1970,7 +2087,7 @@ def write_exit(w):
     values = {}
     if w.weights:
         with torch.no_grad():
-            flat = [p.detach().double().reshape(-1) for p in w.weights]
+            flat = [local(p).double().reshape(-1) for p in w.weights]
             values = {
                 "sum": sum(float(p.sum()) for p in flat),
                 "squares": sum(float((p * p).sum()) for p in flat),
@@ -1989,7 +2106,23 @@ def write_exit(w):
         eval_inputs=[float(x) for x in torch.stack(w.eval_inputs).tolist()] if w.eval_inputs else [],
         empty=sorted({path for path, _, how in w.written if how != "os.mkdir" and is_empty(path)}),
         files=own_files(w),
+        sharded=next((local_sum(m) for m in (ref() for ref in reversed(w.sharded)) if m is not None), None),
     )
+
+
+def local(tensor):
+    """A tensor's values on this rank, detached: a DTensor's local shard (its to_local(), a view, no
+    collective), else the tensor itself. The watcher never gathers a sharded model's parameters."""
+    to_local = getattr(type(tensor), "to_local", None)
+    return (to_local(tensor) if to_local is not None else tensor).detach()
+
+
+def local_sum(module):
+    """The sum of a model's parameters as this rank holds them (its local shards, for a sharded model)."""
+    import torch
+
+    with torch.no_grad():
+        return sum(float(local(p).double().sum()) for p in module.parameters())
 
 
 def is_empty(path):
@@ -2336,9 +2469,7 @@ CUDA_ANSWERS = {
     "get_sync_debug_mode": zero,
     "is_current_stream_capturing": lambda s: False,
     "get_allocator_backend": lambda s: "native",
-    "ExternalStream": lambda s, *args, **kwargs: StandInStream(),
     "get_stream_from_external": lambda s, *args, **kwargs: StandInStream(),
-    "StreamContext": lambda s, stream=None: contextlib.nullcontext(),
     "device_of": lambda s, obj: contextlib.nullcontext(),
     **dict.fromkeys(
         (
@@ -2396,6 +2527,11 @@ CUDA_LEFT = {
         "CUDA's own libraries and kernels, called directly",
     ),
     **dict.fromkeys(("CudaError", "DeferredCudaCallError"), "torch's errors, raised by torch itself"),
+    **dict.fromkeys(
+        ("ExternalStream", "StreamContext"),
+        "classes torch's own code tests against (torch.compile's isinstance): a function in their place "
+        "breaks it",
+    ),
     **dict.fromkeys(("has_half", "has_magma"), "this build's flags, true or false as torch has them"),
     **dict.fromkeys(
         (f"{kind}Storage" for kind in ("BFloat16", "Bool", "Byte", "Char", "ComplexDouble", "ComplexFloat",
@@ -2778,6 +2914,49 @@ def ddp_on_cpu(original, s, _):
     return ddp_on_cpu
 
 
+@stands_in("torch.distributed.device_mesh", "init_device_mesh", step=4, label="init_device_mesh()")
+@stands_in("torch.distributed", "init_device_mesh", step=4, label="init_device_mesh()")
+def device_mesh_on_cpu(original, s, _):
+    def device_mesh_on_cpu(device_type, *args, **kwargs):
+        # a mesh of the node's GPUs: of its CPUs, over gloo, as the group is
+        return original("cpu" if str(device_type).startswith("cuda") else device_type, *args, **kwargs)
+
+    return device_mesh_on_cpu
+
+
+@stands_in("torch.distributed.fsdp", "fully_shard", step=4, label="fully_shard()")
+@stands_in("torch.distributed.fsdp._fully_shard._fully_shard", "fully_shard", step=4, label="fully_shard()")
+def fully_shard_on_cpu(original, s, _):
+    def fully_shard_on_cpu(module, *args, **kwargs):
+        # where the script put the parameters this call shards (those a call before sharded are new)
+        devices = sorted({s.placed(p) for p in module.parameters() if type(p).__name__ != "DTensor"})
+        result = original(module, *args, **kwargs)
+        with Quietly(s):
+            s.drop_hook(module)  # its first batch: the sharded forward's
+            if devices:
+                s.rec.add("ddp_gpus", at=where(), devices=devices)
+        return result
+
+    return fully_shard_on_cpu
+
+
+@stands_in("torch.distributed.fsdp.FullyShardedDataParallel", "__init__", step=4, label="FSDP(...)")
+def fsdp1_on_cpu(original, s, _):
+    signature = inspect.signature(original)
+
+    def fsdp1_on_cpu(self, *args, **kwargs):
+        given = signature.bind_partial(self, *args, **kwargs).arguments
+        devices = sorted({s.placed(p) for p in given["module"].parameters()})
+        device_id = given.pop("device_id", None)
+        if device_id is not None and s.index(device_id) is not None:
+            devices = [f"cuda:{s.ask(s.index(device_id), 'device_id')}"]  # FSDP moves the model there
+        original(**given)
+        with Quietly(s):
+            s.rec.add("ddp_gpus", at=where(), devices=devices)
+
+    return fsdp1_on_cpu
+
+
 @stands_in(
     "torch.nn.parallel.DistributedDataParallel", "forward", step=4, label="DDP forward", compiled_through=True
 )
@@ -2819,6 +2998,7 @@ class Found:
     explains: tuple = None
     follows: dict = None  # {step: what of that step follows from this finding}: those steps say so
     step: int = None  # the step of the line, for a rule of no step of its own (AT_THE_END)
+    see: str = None  # a pitfall for this finding, where the rule's is not the one that shows it
     verdict: str = None  # "--": the rule saw it, and it is not the script's mistake (not checked)
 
 
@@ -2850,10 +3030,11 @@ ORDER = {
     1: ("DDP101", "DDP102", "DDP103", "DDP104", "DDP105", "DDP106", "DDP107"),
     2: ("DDP201", "DDP202", "DDP203", "DDP204", "DDP205"),
     3: ("DDP307", "DDP301", "DDP302", "DDP303", "DDP304", "DDP305", "DDP306"),
-    4: ("DDP401", "DDP403", "DDP404", "DDP405", "DDP406", "DDP407"),
+    4: ("DDP401", "DDP403", "DDP404", "DDP405", "DDP408", "DDP406", "DDP407"),
     5: ("DDP508", "DDP506", "DDP505"),
     6: (
         "DDP609",
+        "DDP614",
         "DDP611",
         "DDP601",
         "DDP602",
@@ -3019,8 +3200,8 @@ def finding(rule, found, step=None):
     if found.verdict == "--":  # the rule declines to judge: what it saw is not the script's to answer for
         return Line(step or rule.step, "--", found.message, explains=frozenset(explains))
     return Line(
-        step or rule.step, rule.verdict, found.message, rule.code, found.help or rule.help, rule.see,
-        frozenset(explains), found.follows,
+        step or rule.step, rule.verdict, found.message, rule.code, found.help or rule.help,
+        found.see or rule.see, frozenset(explains), found.follows,
     )  # fmt: skip
 
 
@@ -3116,7 +3297,8 @@ class Facts:
         """Each rank's DDP model's devices, as the script placed them (stood in: the GPUs it asked for,
         which the stand-in's record says)."""
         stood_in = {r: e["devices"] for r, e in self.job.records("ddp_gpus")}
-        return {r: stood_in.get(r, e["devices"]) for r, e in self.job.records("ddp")}
+        wrapped = [*self.job.records("ddp"), *self.job.records("shard")]
+        return {r: stood_in.get(r, e["devices"]) for r, e in wrapped}
 
     def read(self, key):
         """Whether any rank read the launch variable key (the script, or a library for it)."""
@@ -3237,9 +3419,9 @@ class Facts:
     @functools.cached_property
     def weights_differ(self):
         """How the replicas' weights differ at the end ("" when they are equal; None when fewer
-        than two ranks had any)."""
+        than two ranks had any, or the model is sharded: each rank holds other parameters, by design)."""
         weights = {r: e["weights"] for r, e in self.job.records("exit") if e["weights"]}
-        if len(weights) < 2:
+        if len(weights) < 2 or self.job.records("shard"):
             return None
         ranks = sorted(weights)
         base = weights[ranks[0]]
@@ -3544,6 +3726,105 @@ class Source:
                     self.job.unknown_ignores.append((f"{path}:{n}", code))
         return found
 
+    @functools.lru_cache(maxsize=256)  # noqa: B019 (one Source a judged job)
+    def filled_without_gradients(self, at):
+        """For the collective called at file:line: whether the tensor it is given (its first argument, a
+        name) holds numbers made with gradients off: the statements that fill it, in the same function
+        (past the one that makes it), or that fill the names it is made of (a stack of sums), all
+        inside `with torch.no_grad():` or `torch.inference_mode()` (or a function under either), True;
+        all outside, False; None where the code does not say."""
+        path, _, n = at.rpartition(":")
+        tree, n = self.tree(path), int(n) if n.isdigit() else 0
+        call = next(
+            (
+                node
+                for node in ast.walk(tree)
+                if tree
+                if isinstance(node, ast.Call)
+                and node.lineno == n
+                and node.args
+                and isinstance(node.args[0], ast.Name)
+            ),
+            None,
+        )
+        if call is None:
+            return None
+        functions = [
+            node
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.lineno <= n <= (node.end_lineno or 0)
+        ]
+        scope = max(functions, key=lambda node: node.lineno, default=tree)  # the innermost
+        quiet = [  # the lines that run with gradients off
+            (node.lineno, node.end_lineno or node.lineno)
+            for node in [*ast.walk(scope), *functions]
+            if isinstance(node, ast.With)
+            and any(re.search(r"no_grad|inference_mode", ast.unparse(i.context_expr)) for i in node.items)
+            or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and any(re.search(r"no_grad|inference_mode", ast.unparse(d)) for d in node.decorator_list)
+        ]
+
+        def fills(name):
+            return sorted(
+                (
+                    node
+                    for node in ast.walk(scope)
+                    if getattr(node, "lineno", n) < n and fills_name(node, name)
+                ),
+                key=lambda node: node.lineno,
+            )
+
+        seen, lines, names = set(), [], [call.args[0].id]
+        while names:
+            name = names.pop()
+            if name in seen or len(seen) > 8:
+                continue
+            seen.add(name)
+            made = fills(name)
+            for node in made[1:] if len(made) > 1 else made:  # past the statement that makes it
+                used = [
+                    x.id
+                    for x in ast.walk(getattr(node, "value", node))
+                    if isinstance(x, ast.Name) and x.id != name
+                ]
+                made_of = [u for u in used if fills(u)]
+                done_quietly = any(a <= node.lineno <= b for a, b in quiet)
+                if (
+                    isinstance(node, ast.Assign) and made_of and not done_quietly
+                ):  # a stack of others: theirs decide
+                    names += made_of
+                else:
+                    lines.append(node.lineno)
+        if not lines:
+            return None
+        inside = [any(a <= line <= b for a, b in quiet) for line in lines]
+        return True if all(inside) else False if not any(inside) else None
+
+    def assigned_from(self, at):
+        """The lines that give a value to the names the statement at file:line reads (name = ..., in the
+        same file): where what the line uses came from, one step back. A set of file:line."""
+        if not at:
+            return set()
+        path, _, n = at.rpartition(":")
+        tree = self.tree(path)
+        if tree is None or not n.isdigit():
+            return set()
+        used = {
+            node.id
+            for statement in ast.walk(tree)
+            if isinstance(statement, ast.stmt) and statement.lineno == int(n)
+            for node in ast.walk(statement)
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)
+        }
+        return {
+            f"{path}:{node.lineno}"
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign))
+            for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+            if isinstance(target, ast.Name) and target.id in used
+        }
+
     def line(self, at):
         """The text of the line at file:line, or "" where the job has no such line."""
         path, _, n = at.rpartition(":")
@@ -3567,6 +3848,27 @@ class Source:
                     }
                     found[f"{path}:{node.lineno}"] = keywords
         return sorted(found.items(), key=lambda item: by_line(item[0]))
+
+
+def fills_name(node, name):
+    """Whether a statement gives the name a value: name = ..., name += ..., name[...] = ..., or an in-place
+    call on it (name.add_(...), name.copy_(...))."""
+    if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        return any(
+            isinstance(t, ast.Name)
+            and t.id == name
+            or isinstance(t, ast.Subscript)
+            and getattr(t.value, "id", "") == name
+            for t in targets
+        )
+    return (
+        isinstance(node, ast.Expr)
+        and isinstance(node.value, ast.Call)
+        and isinstance(node.value.func, ast.Attribute)
+        and getattr(node.value.func.value, "id", None) == name
+        and node.value.func.attr.endswith("_")
+    )
 
 
 def silencing(text):
@@ -3688,7 +3990,9 @@ def crash_step(f, rank, event):
     script's own code, a library's, or the script's code a call ran (a model's forward inside DDP's):
     no DDP step's. Never the step the job was in when it failed."""
     call = event.get("call")
-    asked = event.get("at") in {e["at"] for _, e in f.job.records("read", rank=rank)}
+    reads = {e["at"] for _, e in f.job.records("read", rank=rank)}
+    # the failing line asks who the process is, or uses a name given its value where that was asked
+    asked = event.get("at") in reads or bool(reads & f.source.assigned_from(event.get("at")))
     if event.get("within"):  # the script's own code raised, inside the call that ran it
         return SCRIPT
     if call == ENVIRON_READ:
@@ -3736,7 +4040,7 @@ def needs_gpu(f, rank, event):
         event
         and event["raised"] != "raise"
         and rank not in f.refused
-        and re.search(r"CUDA|NVIDIA|NCCL|nccl|cuda|GPU|[Tt]riton|StandIn", text)
+        and re.search(r"CUDA|NVIDIA|NCCL|nccl|cuda|GPU|[Tt]riton|StandIn|accelerator", text)
         and "SyncBatchNorm" not in event["message"]
         and not re.search(r"out of memory", event["message"])
     )
@@ -3883,6 +4187,9 @@ def why_out_of_step(f, hang=True):
     the job hung, failed, or (by luck, pairing calls that do not belong together) ended; only a hang shows
     where each rank waits."""
     unmatched = f.unmatched_collective
+    apart = sharded_evaluation_apart(f)
+    if apart:  # a sharded model's forward without gradients on some ranks only: step 10's
+        return "eval_alone", apart
     waiting = f.waiting if hang else {}
     for r, (call, at, _) in sorted(waiting.items()):  # a forward without gradients, through DDP: step 10's
         if call == DDP_FORWARD and evaluating(f, r) and any(c != DDP_FORWARD for c, _, _ in waiting.values()):
@@ -4265,10 +4572,11 @@ def model_left_on_cpu(f):
     if f.standin and f.asked_nccl:
         on_cpu = sorted(r for r, d in f.model_devices.items() if d == ["cpu"])
         if on_cpu:
-            at = f.job.records("ddp", rank=on_cpu[0])[0][1]["at"]
+            wrapped = f.job.records("ddp", rank=on_cpu[0]) or f.job.records("shard", rank=on_cpu[0])
+            e = wrapped[0][1]
             return Found(
-                f"{ranks_text(on_cpu)} wrapped a model whose parameters are on the CPU (DDP at "
-                f"{f.code(at)}), and the backend is nccl"
+                f"{ranks_text(on_cpu)} wrapped a model whose parameters are on the CPU "
+                f"({e.get('how', 'DDP')} at {f.code(e['at'])}), and the backend is nccl"
             )
     return None
 
@@ -4655,7 +4963,8 @@ def not_wrapped(f):
     Wrap the model in DDP once it is on its device. (A script that averages the gradients itself,
     all-reducing them before each step, keeps the replicas equal: that is no mistake.)
     """
-    if f.job.records("step") and not f.job.records("ddp") and not f.synced_by_hand:
+    wrapped = f.job.records("ddp") or f.job.records("shard")
+    if f.job.records("step") and not wrapped and not f.synced_by_hand:
         differ = f.weights_differ
         return Found(
             "no rank wrapped its model in DDP: the ranks train apart, each its own replica"
@@ -4698,6 +5007,41 @@ def replicas_differ(f):
     if f.job.records("step") and ddp and f.weights_differ:
         return Found(f"the replicas differ at the end: {f.weights_differ} (DDP at {f.code(ddp[0][1]['at'])})")
     return None
+
+
+@rule(
+    "DDP408",
+    "FAIL",
+    see="optimizer_before_shard",
+    help="build the optimizer after fully_shard(model), from model.parameters(): the sharded parameters",
+)
+def sharded_model_never_changed(f):
+    """The optimizer steps changed no parameter of the sharded model: it holds the ones sharding replaced.
+
+    fully_shard() (FSDP2) puts new parameters in the model's place, each this rank's shard (a
+    DTensor). An optimizer built before it holds the old ones, which no forward uses any more: its
+    steps move nothing the model computes with, without a word, and the loss stays where it was.
+    Build the optimizer after sharding, from model.parameters(). (Seen by its effect: every rank's
+    shards, summed as they are held, are what they were when sharded, after the optimizer steps.)
+    """
+    if sharded_unchanged(f):
+        e = f.job.records("shard")[-1][1]
+        steps = max((x["steps"] for _, x in f.job.records("exit")), default=0)
+        return Found(
+            f"after {plural(steps, 'optimizer step')}, no rank's shards of the model sharded at "
+            f"{f.code(e['at'])} changed: the optimizer steps parameters the model no longer uses"
+        )
+    return None
+
+
+def sharded_unchanged(f):
+    """Whether the sharded model's parameters, as each rank holds them, are at the end what they were
+    when sharded, after optimizer steps (True), changed (False), or not known (None)."""
+    shards = {r: e for r, e in f.job.records("shard")}
+    ends = {r: e for r, e in f.job.records("exit") if e["sharded"] is not None and e["steps"]}
+    if not shards or not ends or set(ends) - set(shards):
+        return None
+    return all(ends[r]["sharded"] == shards[r]["local"] for r in ends)
 
 
 @rule(
@@ -4754,6 +5098,19 @@ def step_4_summary(f):
     if not job.records("step"):
         return "--", "not checked: no optimizer step ran"
     total = max(e["steps"] for _, e in job.records("exit")) if job.records("exit") else None
+    shards = job.records("shard")
+    if shards and not job.records("ddp"):  # one copy, sharded: its effect is that training changed it
+        e = shards[-1][1]
+        changed = (
+            "changed by training"
+            if sharded_unchanged(f) is False
+            else "not checked whether training changed it"
+        )
+        return "ok", (
+            f"{e['how']}() of {e['module']} at {e['at']}, one copy of the weights sharded over "
+            f"{plural(e['ranks'] or len(job.ranks), 'rank')}, {changed}"
+            + (f" ({plural(total, 'optimizer step')})" if total else "")
+        )
     if not job.records("ddp"):  # the gradients all-reduced by hand (else DDP403): the replicas equal
         return "ok", "no DDP, and the replicas are equal at the end: the script averages the gradients itself"
     equal = "the replicas are equal at the end" if f.weights_differ == "" else "every forward went through it"
@@ -4869,8 +5226,12 @@ def reduced_sites(f, evaluating=None):
             now = True
         elif e["e"] == "step" or (e["e"] == "pass" and e["loader"] in f.training_loaders):
             now = False
-        elif e["e"] == "coll" and e["name"] in REDUCING and evaluating in (None, now):
-            found.add(e["at"])
+        elif e["e"] == "coll" and e["name"] in REDUCING:
+            # whose the reduced tensor is: where the script filled it, with gradients off (the held-out
+            # numbers) or on (training's); where the code does not say, what the job was doing
+            held_out = f.source.filled_without_gradients(e["at"])
+            if evaluating in (None, now if held_out is None else held_out):
+                found.add(e["at"])
     return sorted(found, key=by_line)
 
 
@@ -4918,7 +5279,39 @@ def collective_in_rank_block(f):
     for ranks that took the other branch; they meanwhile wait in their next collective. Take
     the collective out of the block: every rank calls it, and only the writing stays on rank 0.
     """
-    return out_of_step(f, "rank_block")
+    found = out_of_step(f, "rank_block")
+    unmatched = f.unmatched_collective
+    gathers = {"get_model_state_dict", "get_optimizer_state_dict", "get_state_dict"}
+    if found and unmatched and any(c and c["name"] in gathers for c in unmatched[1].values()):
+        found.see = "full_state_dict_rank_zero"  # a sharded model's state gathered in it: FSDP's pitfall
+    return found
+
+
+@rule(
+    "DDP614",
+    "FAIL",
+    see="sharded_state_dict",
+    help="gather the full state dict on every rank (get_model_state_dict(model, options=StateDictOptions("
+    "full_state_dict=True, cpu_offload=True))), and save it on rank 0; or save every rank's shards with "
+    "torch.distributed.checkpoint",
+)
+def sharded_state_dict_saved(f):
+    """A checkpoint holds a sharded model's state_dict(): DTensors, this rank's shards, not the model.
+
+    A sharded model's state_dict() gives each rank's own shards, as DTensors: the full shapes, and
+    only this rank's rows. Saved by one rank, the file holds a part of each parameter, which neither
+    the single-GPU script (torch.load refuses DTensors with weights_only=True) nor the same job (the
+    other ranks' rows are lost) can load. Gather the full state dict on every rank, a collective, and
+    save it on rank 0; or save every rank's shards with torch.distributed.checkpoint.
+    """
+    for _, e in f.saved_files:
+        if e["what"].get("sharded"):
+            n = e["what"]["sharded"]
+            return Found(
+                f"{f.job.relpath(f.renamed.get(e['path'], e['path']))} saved at {f.code(e['at'])} holds "
+                f"{plural(n, 'DTensor')}: the shards of the rank that saved it, not the model"
+            )
+    return None
 
 
 @rule(
@@ -4995,6 +5388,7 @@ def unsafe_load(f):
 @rule(
     "DDP602",
     "FAIL",
+    see="every_rank_saves",
     launch="follows",
     help="save on global rank 0 alone: if dist.get_rank() == 0: torch.save(...) (a test of LOCAL_RANK is "
     "true once per node), with no collective inside",
@@ -5688,9 +6082,20 @@ def evaluated_through_ddp_alone(f):
     it keeps from happening (the checkpoint after it, the clean-up) follows from it. Evaluate the
     bare model, model.module, or evaluate through DDP on every rank.
     """
-    found = out_of_step(f, "eval_alone")  # a hang
+    sharded = sharded_evaluation_apart(f)
+    found = out_of_step(f, "eval_alone")  # the ranks out of step, or a hang
+    if found is None and sharded:  # a sharded model's forward all-gathers: the collectives part, in time
+        found = Found(sharded[0].upper() + sharded[1:], explains=())
     if found is not None:
         found.follows = {6: "", 7: ""}
+        if sharded:
+            found.see, found.help = (
+                "fsdp_eval_alone",
+                (
+                    "evaluate on every rank, each its share of the held-out set, then all-reduce (sum, "
+                    "count): a sharded model's forward is a collective"
+                ),
+            )
         return found
     if not f.crash:
         return None
@@ -5714,6 +6119,24 @@ def evaluated_through_ddp_alone(f):
         f"not: DDP's forward waits for them ({short(e['message'])})",
         follows={6: "", 7: ""},
     )
+
+
+def sharded_evaluation_apart(f):
+    """Where ranks evaluated through a sharded model a different number of times at a line: the text
+    saying so, or None. Each such forward all-gathers the parameters, with every rank."""
+    counts = collections.defaultdict(collections.Counter)
+    for r, e in f.job.records("eval"):
+        if e["through"] == "sharded":
+            counts[e["at"]][r] += 1
+    for at, by in sorted(counts.items()):
+        runs = {r: by.get(r, 0) for r in f.job.ranks}
+        if len(set(runs.values())) > 1:
+            said = ", ".join(f"rank {r} {plural(n, 'time')}" for r, n in sorted(runs.items()))
+            return (
+                f"the ranks evaluated through the sharded model at {f.code(at)} apart ({said}): each such "
+                "forward all-gathers the parameters with every rank, and the ranks' collectives part there"
+            )
+    return None
 
 
 def evaluating(f, rank):

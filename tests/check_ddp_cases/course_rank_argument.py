@@ -1,4 +1,4 @@
-# check_ddp: exit 1, FAIL step 1 DDP106, FAIL step 8 DDP805
+# check_ddp: exit 1, FAIL step 8 DDP805
 """A systems course's assignment (part 3: distributed data parallel): the rank, the world size and the
 master's address are given on the command line, one command per machine, and the process group is
 told them. CPU only, gloo, as the course's cluster had no GPUs.

@@ -82,7 +82,7 @@ def main():
         best = min(best, np.float64(epoch_loss))
         if rank == 0:
             print(f"epoch {epoch}: loss {epoch_loss:.4f} (best {best:.4f})")
-            torch.save(
+            torch.save(  # check_ddp: here
                 {
                     "model": model.module.state_dict(),
                     "optimizer": optimizer.state_dict(),
@@ -91,7 +91,7 @@ def main():
                     "args": args,
                 },
                 args.output,
-            )  # check_ddp: here
+            )
     dist.destroy_process_group()
 
 

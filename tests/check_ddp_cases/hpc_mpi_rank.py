@@ -1,4 +1,4 @@
-# check_ddp: exit 1, FAIL step 1 DDP104, FAIL step 3 DDP304, FAIL step 4 DDP403, FAIL step 8 DDP807
+# check_ddp: exit 1, FAIL step 8 DDP807
 """An HPC centre's tutorial script, written for `mpirun -np N python hpc_mpi_rank.py`: who each process
 is comes from MPI (mpi4py, Open MPI's OMPI_COMM_WORLD_LOCAL_RANK), and a try/except lets it also run as
 a single process on a laptop.

@@ -1,4 +1,4 @@
-# check_ddp: exit 1, FAIL step 1 DDP105, FAIL step 8 DDP801
+# check_ddp: exit 1, FAIL step 8 DDP801
 """An ImageNet-example-shaped script (main() parses, main_worker(gpu, ngpus_per_node, args) trains) that
 starts its workers with torch.multiprocessing.start_processes, choosing the start method itself. GPU only.
 

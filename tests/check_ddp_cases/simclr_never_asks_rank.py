@@ -1,4 +1,4 @@
-# check_ddp: exit 1, FAIL step 1 DDP104, FAIL step 3 DDP303, FAIL step 4 DDP403, FAIL step 6 DDP602, FAIL step 8 DDP808  # noqa: E501
+# check_ddp: exit 1, FAIL step 8 DDP808
 """Contrastive pre-training in the style of a popular SimCLR re-implementation: a `main(gpu, args)`
 that spawns itself across nodes when `args.nodes > 1`, and on one node simply trains, with the node's
 rank `args.nr` deciding who logs and saves. GPU only.

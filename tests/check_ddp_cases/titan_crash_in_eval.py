@@ -1,4 +1,4 @@
-# check_ddp: exit 1, FAIL step 10 DDP000
+# check_ddp: exit 1, FAIL script DDP000
 """Train a small classifier the way torchtitan's train.py reads: main() as a list of numbered steps,
 one config dataclass, gradient accumulation with no_sync(), an exact evaluation, ckpt.pt at the end,
 reloaded by every rank.
@@ -8,7 +8,7 @@ reloaded by every rank.
 
 Mistake: an ordinary bug: evaluate() logs one random example of its last batch with
 random.randint(0, len(y)), whose upper end is inclusive; on rank 1, in epoch 2, it draws len(y) and
-raises IndexError.
+raises IndexError. The script's own error, raised by its own code while it evaluated: no DDP step's.
 """
 
 import argparse

@@ -1,4 +1,4 @@
-# check_ddp: exit 1, FAIL step 6 DDP601
+# check_ddp: exit 0, warn step 6 DDP613, see step6_unsafe_torch_load
 """Train a small classifier the way torchtitan's train.py reads: main() as a list of numbered steps,
 one config dataclass, gradient accumulation with no_sync(), an exact evaluation, ckpt.pt at the end,
 reloaded by every rank.
@@ -6,8 +6,9 @@ reloaded by every rank.
     torchrun --standalone --nproc_per_node=2 titan_load_weights_only_false.py
     torchrun --standalone --nproc_per_node=2 titan_load_weights_only_false.py --training.epochs 2
 
-Mistake: every rank reloads ckpt.pt with torch.load(..., weights_only=False), which unpickles
-whatever the file names: loading a checkpoint can run code.
+A risk taken, not a broken step: every rank reloads ckpt.pt, which the job itself saved, with
+torch.load(..., weights_only=False), which unpickles whatever the file names: loading a checkpoint can
+run code. For a file of its own, a warning (a FAIL where another process could have written it).
 """
 
 import argparse

@@ -1,4 +1,4 @@
-# check_ddp: exit 1, FAIL step 1 DDP101, FAIL step 8 DDP801
+# check_ddp: exit 1, FAIL step 8 DDP801
 """A class-based Trainer, in the style of pytorch/examples ddp-tutorial-series multigpu.py: the script
 starts its own processes with torch.multiprocessing.spawn, one per GPU.
 

@@ -1,4 +1,4 @@
-# check_ddp: exit 1, FAIL step 1 DDP101, FAIL step 8 DDP801
+# check_ddp: exit 1, FAIL step 8 DDP801
 """The point-to-point and all-reduce tutorial of the PyTorch docs ("Writing Distributed Applications"),
 grown into a small training job: init_process() sets MASTER_ADDR/MASTER_PORT and makes the group, run()
 trains, and the main block starts one torch.multiprocessing.Process per rank itself.
