@@ -54,6 +54,14 @@ def error_line(text, pattern=r"^\w[\w.]*(Error|Exception): "):
     return re.sub(r"\x1b\[[0-9;]*m", "", line).strip()  # without terminal colour codes
 
 
+def exit_codes(job):
+    """{rank: exit code} of the workers torchrun's report lists as failed. A negative code is the
+    signal that ended the worker: -6 (SIGABRT) is an abort in C++ code, with no Python traceback;
+    -15 (SIGTERM) is torchrun stopping a worker once another has failed."""
+    found = re.findall(r"rank\s*: (\d+) \(local_rank: \d+\)\n\s*exitcode\s*: (-?\d+)", job.stderr)
+    return {int(rank): int(code) for rank, code in found}
+
+
 def free_port(preferred=0):
     """preferred if no process on this machine holds it now, else a port that none does."""
     for port in (preferred, 0):
