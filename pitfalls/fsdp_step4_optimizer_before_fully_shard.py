@@ -10,6 +10,7 @@ loss stays where it started, every step, and the weights do not change at all.
 The fix: build the optimizer after fully_shard, from the parameters the model holds then.
 """
 
+import gc
 import re
 import sys
 from datetime import timedelta
@@ -63,6 +64,8 @@ def worker(mode):  # each process of the job, started by torchrun
         losses=losses,
         moved=moved,
     )
+    del model, optimizer, held
+    gc.collect()  # torch 2.13, gloo: a sharded model alive at exit can abort the process (pytorch#190489)
     dist.destroy_process_group()
 
 

@@ -12,6 +12,7 @@ The fix: every rank gathers (with cpu_offload=True rank 0 alone gets the tensors
 empty dict); rank 0 alone writes.
 """
 
+import gc
 import re
 import sys
 import tempfile
@@ -55,6 +56,8 @@ def worker(mode, out_dir):  # each process of the job, started by torchrun
             if rank == 0:
                 torch.save(state, path)  # ...and rank 0 alone writes
         tell(rank=rank, finished_epoch=epoch)
+    del model, optimizer
+    gc.collect()  # torch 2.13, gloo: a sharded model alive at exit can abort the process (pytorch#190489)
     dist.destroy_process_group()
 
 

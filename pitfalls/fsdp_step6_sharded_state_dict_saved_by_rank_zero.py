@@ -14,6 +14,7 @@ full_state_dict=True, cpu_offload=True)), gathered by every rank and written by 
 tensors, all of them, that load into the plain model.
 """
 
+import gc
 import logging
 import sys
 import tempfile
@@ -45,6 +46,8 @@ def worker(out_dir):  # each process of the job, started by torchrun
         torch.save(model.state_dict(), f"{out_dir}/mistake.pt")  # DTensors: rank 0's shards only
         torch.save(full, f"{out_dir}/fix.pt")  # gathered on every rank (a collective), written by rank 0
         tell(saved=True)
+    del model
+    gc.collect()  # torch 2.13, gloo: a sharded model alive at exit can abort the process (pytorch#190489)
     dist.destroy_process_group()
 
 
