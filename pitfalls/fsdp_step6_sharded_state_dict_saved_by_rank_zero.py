@@ -24,6 +24,7 @@ import torch.distributed as dist
 from _launch import error_line, report, results, run, tell, torchrun
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
 
 # torch.load as the single-GPU script runs it, in a process that has not imported torch.distributed.tensor
 PLAIN_LOAD = "import sys, torch; torch.load(sys.argv[1], weights_only=True)"
@@ -64,6 +65,11 @@ def load_into_bare_model(path):
     return state, ""
 
 
+def local(value):
+    """What a checkpoint holds of a value: of a DTensor, the shard it was saved with."""
+    return value.to_local() if isinstance(value, DTensor) else value
+
+
 def main():
     with tempfile.TemporaryDirectory() as out_dir:
         results(torchrun(__file__, out_dir))
@@ -73,18 +79,19 @@ def main():
     refused = error_line(plain.stderr).replace("_pickle.", "")
     mixed = error_line(mistake_error, r"got mixed torch.Tensor and DTensor")
     mixed = mixed[mixed.find("aten.") :].split(", need to")[0]
-    try:
-        mistake["0.weight"].full_tensor()
-        gather_error = ""
-    except RuntimeError as error:
-        gather_error = f"RuntimeError: {error}"
     weight = mistake["0.weight"]
-    held = sum(v.to_local().numel() for v in mistake.values())
+    gather_error = ""
+    if isinstance(weight, DTensor):
+        try:
+            weight.full_tensor()  # outside the job: no process group to gather with
+        except RuntimeError as error:
+            gather_error = f"RuntimeError: {error}"
+    held = sum(local(v).numel() for v in mistake.values())
     numbers = sum(v.numel() for v in fix.values())
     report(
         mistake="if rank == 0: torch.save(model.state_dict(), path)  # model is sharded by fully_shard",
         symptom=f'the file holds {type(weight).__name__}s: "0.weight" is {tuple(weight.shape)} and holds'
-        f" {weight.to_local().shape[0]} of its rows: {held} of the model's {numbers} numbers in all;\n"
+        f" {local(weight).shape[0]} of its rows: {held} of the model's {numbers} numbers in all;\n"
         f"the single-GPU script's torch.load(path, weights_only=True) refuses it:\n{refused}\n"
         f"where DTensor is imported, load_state_dict fails on {mistake_error.count('While copying')}"
         f" of {len(mistake)} keys: {mixed}\n"
@@ -95,7 +102,7 @@ def main():
         + (f", error {fix_error}" if fix_error else ""),
         checks={
             "the mistake's file holds rank 0's shards only": held < numbers
-            and torch.equal(weight.to_local(), fix["0.weight"][: weight.to_local().shape[0]]),
+            and torch.equal(local(weight), fix["0.weight"][: local(weight).shape[0]]),
             "the plain load refuses it": "must be imported to load DTensors" in refused,
             "the load into the plain model fails on every key": mixed != ""
             and mistake_error.count("While copying") == len(mistake),
