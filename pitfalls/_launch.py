@@ -1,6 +1,7 @@
 """Plumbing shared by the pitfalls: start a job with torchrun, read what it said, report.
 
-Not a pitfall itself; each pitfalls/stepN_*.py imports it. The lesson stays in those files.
+Not a pitfall itself; each pitfalls/stepN_*.py and fsdp_stepN_*.py imports it. The lesson
+stays in those files.
 """
 
 import json
