@@ -2,14 +2,14 @@
 
     python pitfalls/fsdp_step10_evaluate_on_rank_zero.py
 
-With DDP, rank 0 could evaluate model.module alone. The model fully_shard returns has no such
-module: its forward all-gathers each layer's parameters from every rank, a collective. Run by
-rank 0 alone, nothing fails there, in torch 2.13 on gloo: rank 0's all-gathers meet those of rank
-1's next training forward, the same layers in the same order, so the first validation loss is even
-right. From then the two ranks' collectives are out of step: in the next epoch's first training
-step they meet collectives of other sizes, gloo aborts rank 1 (SIGABRT, a C++ error with no Python
-traceback: "Is there a distributed collective mismatch in your code?") and rank 0 fails on the
-closed connection, at once, not after the timeout.
+With DDP, model.module's forward runs no collective, and rank 0 could evaluate it alone. The model
+fully_shard returns has no such module: its forward all-gathers each layer's parameters from every
+rank, a collective. Run by rank 0 alone, nothing fails there, in torch 2.13 on gloo: rank 0's
+all-gathers meet those of rank 1's next training forward, the same layers in the same order, so
+the first validation loss is even right. From then the two ranks' collectives are out of step: in
+the next epoch's training they meet collectives of other sizes, gloo aborts rank 1 (SIGABRT, a C++
+error with no Python traceback: "Is there a distributed collective mismatch in your code?"), and
+rank 0 fails on the closed connection in its training forward, at once, not after the timeout.
 The fix: every rank evaluates its shard of the validation set, then one all-reduce of
 (loss sum, count) gives every rank the loss over the whole set.
 """
