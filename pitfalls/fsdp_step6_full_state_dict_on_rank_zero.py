@@ -43,7 +43,8 @@ def worker(mode, out_dir):  # each process of the job, started by torchrun
     torch.manual_seed(rank)  # each rank its own batches
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     for epoch in range(3):
-        model(torch.randn(8, 4)).pow(2).mean().backward()  # FSDP all-gathers in forward and backward
+        loss = model(torch.randn(8, 4)).pow(2).mean()  # FSDP all-gathers each layer in forward...
+        loss.backward()  # ...and in backward
         optimizer.step()
         optimizer.zero_grad()
         path = f"{out_dir}/epoch_{epoch}.pt"
@@ -84,18 +85,27 @@ def main():
     aborted = aborted[aborted.find("Received") :]  # gloo's message, without its source path
     peer = error_line(mistake.stderr, r"^\[rank1\]: \w+Error: .*(closed|reset) by peer")
     peer = re.sub(r"^\[rank1\]: |\[/\S+\] Read error \S+ ", "", peer.split(" This is typically")[0])
+    # the line of this file rank 1 was running when it failed: the last of its traceback here
+    where = re.findall(
+        rf'^\[rank1\]:\s+File "{re.escape(__file__)}", line \d+, in worker\n\[rank1\]:\s+(.+)$',
+        mistake.stderr,
+        flags=re.M,
+    )
     epochs = [p["finished_epoch"] for p in told(mistake) if p["rank"] == 1]
     report(
         mistake="if rank == 0: state = get_model_state_dict(model, options=...full_state_dict=True...)",
         symptom=f"rank 1 finishes epoch {len(epochs)} and goes on: its next forward's all-gather meets"
         " rank 0's first gather;\ntheir sizes differ, and gloo aborts rank 0 at once (exit code"
-        f" {codes.get(0)}, SIGABRT), no timeout:\n{aborted}\nrank 1, left waiting: {peer}",
+        f" {codes.get(0)}, SIGABRT), no timeout:\n{aborted}\nrank 1, in that forward: {peer}",
         fix="state = get_model_state_dict(...) on every rank; then if rank == 0: torch.save(state, path)",
         result=f"{len(written)} checkpoints, one an epoch; {loaded} load into the bare model;"
         f" exit {fix.returncode}",
         checks={
             "gloo aborted rank 0 on the mismatch": codes.get(0) == -6 and "collective mismatch" in aborted,
-            "rank 1 failed on the lost connection": codes.get(1) is not None and peer != "",
+            "rank 1 failed on the lost connection, in its forward": codes.get(1) is not None
+            and peer != ""
+            and where[-1:] != []
+            and where[-1].startswith("loss = model("),
             "no rank waited for the timeout": "Timed out" not in mistake.stderr,
             "rank 1 finished one epoch, rank 0 none, and no file was written": epochs == [0]
             and all(p["rank"] == 1 for p in told(mistake))
