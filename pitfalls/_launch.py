@@ -1,6 +1,7 @@
 """Plumbing shared by the pitfalls: start a job with torchrun, read what it said, report.
 
-Not a pitfall itself; each pitfalls/stepN_*.py imports it. The lesson stays in those files.
+Not a pitfall itself; each pitfalls/stepN_*.py and fsdp_stepN_*.py imports it. The lesson
+stays in those files.
 """
 
 import json
@@ -52,6 +53,14 @@ def error_line(text, pattern=r"^\w[\w.]*(Error|Exception): "):
     """The first line of text that matches pattern: by default, the line that names a raised error."""
     line = next((line for line in text.splitlines() if re.search(pattern, line)), "")
     return re.sub(r"\x1b\[[0-9;]*m", "", line).strip()  # without terminal colour codes
+
+
+def exit_codes(job):
+    """{rank: exit code} of the workers torchrun's report lists as failed. A negative code is the
+    signal that ended the worker: -6 (SIGABRT) is an abort in C++ code, with no Python traceback;
+    -15 (SIGTERM) is torchrun stopping a worker once another has failed."""
+    found = re.findall(r"rank\s*: (\d+) \(local_rank: \d+\)\n\s*exitcode\s*: (-?\d+)", job.stderr)
+    return {int(rank): int(code) for rank, code in found}
 
 
 def free_port(preferred=0):

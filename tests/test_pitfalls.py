@@ -11,20 +11,28 @@ import pytest
 from helpers import ROOT, cpu_env, run, selected
 
 PITFALLS = sorted(p.name for p in (ROOT / "pitfalls").glob("*.py") if not p.name.startswith("_"))
+# the steps a pitfall's name may carry: the ten DDP steps of the README, and the FSDP steps, the four
+# of them FSDP2 (fully_shard) changes, each under the number of the DDP step it replaces
+STEPS = {"DDP": range(1, 11), "FSDP": (4, 6, 9, 10)}
 
 
 def test_every_classic_mistake_has_its_pitfall():
-    assert len(PITFALLS) >= 16, PITFALLS
+    assert len(PITFALLS) >= 20, PITFALLS
+    assert sum(name.startswith("fsdp_") for name in PITFALLS) >= 4, PITFALLS
 
 
-def test_each_pitfall_is_named_by_the_ddp_step_it_belongs_to():
-    # stepN_what.py, never a number of its own that reads as another step's
-    steps = range(1, 11)  # the ten DDP steps of the README
+def test_each_pitfall_is_named_by_the_step_it_belongs_to():
+    # stepN_what.py, N a DDP step; fsdp_stepN_what.py, N an FSDP step; never a number of its own
+    # that reads as another step's
     for name in PITFALLS:
-        match = re.fullmatch(r"step(\d+)_[a-z0-9_]+\.py", name)
-        assert match and int(match.group(1)) in steps, f"{name}: name it stepN_what.py, N its DDP step"
+        match = re.fullmatch(r"(fsdp_)?step(\d+)_[a-z0-9_]+\.py", name)
+        kind = "FSDP" if match and match.group(1) else "DDP"
+        assert match and int(match.group(2)) in STEPS[kind], (
+            f"{name}: name it stepN_what.py, N its DDP step, or fsdp_stepN_what.py, N its FSDP step"
+            f" (one of {', '.join(map(str, STEPS['FSDP']))})"
+        )
         first = ast.get_docstring(ast.parse((ROOT / "pitfalls" / name).read_text())).splitlines()[0]
-        assert first.startswith(f"A pitfall of DDP step {match.group(1)}: "), f"{name}: {first}"
+        assert first.startswith(f"A pitfall of {kind} step {match.group(2)}: "), f"{name}: {first}"
 
 
 def run_pitfall(name):
