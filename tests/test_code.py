@@ -71,6 +71,16 @@ def test_every_import_the_fsdp_twin_diff_adds_names_its_step():
     assert not untagged, f"imports the FSDP twin diff adds without naming their FSDP step: {untagged}"
 
 
+def test_the_fsdp_twin_diff_changes_the_steps_docs_fsdp_md_lists():
+    listed = {
+        int(n) for n in re.findall(r"^- \*\*FSDP step (\d+):", (ROOT / "docs/fsdp.md").read_text(), re.M)
+    }
+    named = {int(n) for hunk in fsdp_diff_hunks() for n in FSDP_STEP.findall(hunk)}
+    assert listed and named == listed, (
+        f"steps the diff names: {sorted(named)}, the page lists: {sorted(listed)}"
+    )
+
+
 def test_ruff_lint_and_format_are_clean():
     for command in (["check", "."], ["format", "--check", "."]):
         proc = subprocess.run(

@@ -117,6 +117,7 @@ def test_the_flags_each_twin_takes_are_as_the_pages_say():
     baseline, ddp = flags("single_gpu_baseline.py"), flags("train_ddp.py")
     assert len(baseline) >= 10 and baseline <= ddp
     assert ddp - baseline == {only.group(1)}
+    assert flags("train_fsdp.py") == baseline, "docs/fsdp.md: the FSDP twin takes the baseline's flags"
 
 
 def test_the_baselines_sampler_maps_to_set_epoch_as_the_readme_says():
