@@ -43,6 +43,11 @@ def ddp_run(nproc, **values):
     return launcher + as_flags(**{"batch_size": 64 // nproc, **PROOF_FLAGS, **values})
 
 
+def fsdp_run(nproc, **values):
+    """train_fsdp.py's command for a proof, as ddp_run's: nproc processes at batch 64/nproc each."""
+    return ddp_run(nproc, **values).replace("train_ddp.py", "train_fsdp.py")
+
+
 # A small job that saves every epoch (4 optimizer steps an epoch on each of its 2 ranks), run
 # straight through: what the fault tests and the crash proofs break, restart and resume, and
 # what they must end equal to.
