@@ -98,7 +98,8 @@ def train(args):
     # model. fully_shard on each block (here each Linear; a ReLU holds no weights), then on the
     # root: a block all-gathers its whole weights just before it runs, forward and backward, and
     # frees them after; backward reduce-scatters its gradients, each rank getting the mean of its
-    # own rows. The mesh: the job's processes, on this process's device type.
+    # own rows. The mesh: the job's processes, on this process's device type (fully_shard's own
+    # default takes the GPU wherever there is one, even under --device cpu).
     mesh = dist.init_device_mesh(device.type, (dist.get_world_size(),))
     # mixed precision on a GPU: the blocks compute in bfloat16, while the shards, the optimizer and
     # the gradients' reduction stay float32; on a CPU, float32 throughout
@@ -190,9 +191,9 @@ def train(args):
         }
         check_finite(record)  # a diverged run stops here, before it logs or saves a NaN
         # FSDP step 6: checkpoint: gather on every rank, write on rank 0. Rank 0 prints the report
-        # for all; every rank calls save_checkpoint, outside `if rank == 0`: the whole state dict is
-        # gathered from every rank's shards, a collective, which a rank-0-only block would leave rank 0
-        # waiting in for ranks that never come. Rank 0 alone then writes it, in the other twins' format.
+        # for all; every rank calls save_checkpoint, outside `if rank == 0`: it gathers the whole
+        # state dict from every rank's shards, a collective, and inside that block rank 0 would wait
+        # in it for ranks that never come. Rank 0 alone then writes it, in the other twins' format.
         if dist.get_rank() == 0:
             report(record, metrics, args.epochs, time.perf_counter() - start)
         save_checkpoint(args, model, optimizer, epoch + 1)  # every --save_interval epochs
