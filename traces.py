@@ -1,6 +1,8 @@
 """What `--profile` recorded, read and drawn: each rank's trace (forward, backward, DDP's wait and the
-optimizer step on the main thread; each bucket's all-reduce on the thread or CUDA stream that ran it),
-the share of all-reduce time hidden under backward, and the timeline (figures/timeline.png).
+optimizer step on the main thread; each bucket's all-reduce on the thread or CUDA stream that ran it,
+and with train_fsdp.py, FSDP2's all-gathers and reduce-scatters there), the share of all-reduce time
+hidden under backward, and the timeline (figures/timeline.png): DDP's and FSDP2's side by side with
+draw_timelines({"DDP": read_traces(a), "FSDP2": read_traces(b)}, title).
 
     from traces import read_traces, communication, draw_timelines
 
@@ -20,6 +22,22 @@ import matplotlib.pyplot as plt
 # main thread records only the call that hands a bucket over, c10d::allreduce_), nccl's as kernels
 # on a CUDA stream of their own
 ALL_REDUCE = re.compile(r"gloo:all_reduce|nccl\w*all_?reduce", re.IGNORECASE)
+# FSDP2's exchanges (train_fsdp.py): nccl's kernels say which they are; gloo runs a reduce-scatter as
+# an all-reduce of the whole tensor and records it as one (gloo:all_reduce), so a gloo thread's
+# exchange is named by the call that handed it over on the main thread, the n-th call the n-th
+# exchange, in the order gloo takes them
+NCCL = {
+    "all-gather": re.compile(r"nccl\w*all_?gather", re.IGNORECASE),
+    "reduce-scatter": re.compile(r"nccl\w*reduce_?scatter", re.IGNORECASE),
+    "all-reduce": ALL_REDUCE,
+}
+GLOO = re.compile(r"gloo:\w+")
+HANDED_OVER = {
+    "c10d::allreduce_": "all-reduce",
+    "c10d::_allgather_base_": "all-gather",
+    "c10d::_reduce_scatter_base_": "reduce-scatter",
+}
+EXCHANGES = ("all-reduce", "all-gather", "reduce-scatter")
 WAIT = "backward: DDP waits for the all-reduces"
 COLOURS = {
     "forward": "tab:blue",
@@ -27,6 +45,8 @@ COLOURS = {
     WAIT: "navajowhite",
     "optimizer step": "tab:green",
     "all-reduce": "tab:red",
+    "all-gather": "tab:purple",
+    "reduce-scatter": "tab:brown",
     "GPU compute": "0.65",
 }
 
@@ -43,8 +63,9 @@ def read_trace(path):
       gradients are computed, DDP waiting for the all-reduces and copying each bucket's mean back;
       and the optimizer step, zero_grad included;
     - rows: {name: [(what, start, end, label)]}, a row for each other thread, or CUDA stream, that
-      ran an all-reduce or a kernel: what is "all-reduce" (labelled with its bucket, the order in
-      which its step handed them over) or "GPU compute". On a GPU, the phases are what the CPU did,
+      ran an exchange or a kernel: what is "all-reduce" (DDP's, labelled with its bucket, the order
+      in which its step handed them over), "all-gather" or "reduce-scatter" (FSDP2's, numbered in
+      their step, each kind apart), or "GPU compute". On a GPU, the phases are what the CPU did,
       launching kernels, and the streams' rows what the GPU did, later."""
     trace = json.loads(Path(path).read_text())
     events = [e for e in trace["traceEvents"] if e.get("ph") == "X" and "dur" in e]
@@ -57,6 +78,14 @@ def read_trace(path):
         key=lambda e: e["ts"],
     )
     main = (steps[0]["pid"], steps[0]["tid"])
+    # gloo's exchanges, each named by the main thread's call that handed it over (in order, one each)
+    calls = sorted((e for e in events if e["name"] in HANDED_OVER), key=lambda e: e["ts"])
+    gloos = sorted((e for e in events if GLOO.match(e["name"])), key=lambda e: e["ts"])
+    kinds = (
+        {id(g): HANDED_OVER[c["name"]] for c, g in zip(calls, gloos, strict=True)}
+        if len(calls) == len(gloos)
+        else {id(g): "all-reduce" for g in gloos if ALL_REDUCE.search(g["name"])}  # DDP's alone
+    )
 
     def span(chosen):
         return min(e["ts"] for e in chosen) / 1e3, max(e["ts"] + e["dur"] for e in chosen) / 1e3
@@ -88,13 +117,14 @@ def read_trace(path):
         done = max(e["ts"] for e in copies) / 1e3 if copies else math.inf
         if named("Optimizer.step"):  # not after a micro-batch that only accumulates (DDP step 9)
             phases.append(("optimizer step", *span(named("Optimizer.step", "Optimizer.zero_grad"))))
-        buckets = itertools.count()
+        numbers = {what: itertools.count() for what in EXCHANGES}  # buckets, for DDP's all-reduces
         for e in sorted(inside, key=lambda e: e["ts"]):
             if (e["pid"], e["tid"]) == main:
                 continue
             gpu = e.get("cat") == "kernel"
-            if ALL_REDUCE.search(e["name"]):
-                what, label = "all-reduce", str(next(buckets))
+            what = kinds.get(id(e)) or next((k for k, name in NCCL.items() if name.search(e["name"])), None)
+            if what:
+                label = str(next(numbers[what]))
             elif gpu:
                 what, label = "GPU compute", ""
             else:
@@ -137,9 +167,15 @@ def overlap(a, b):
     return sum(max(0, min(x[1], y[1]) - max(x[0], y[0])) for x in union(a) for y in union(b))
 
 
+def exchanges(trace, kind="all-reduce"):
+    """The (start, end) of each exchange of a kind in the trace: all-reduce (DDP's gradient buckets),
+    all-gather or reduce-scatter (FSDP2's)."""
+    return [(s, e) for row in trace["rows"].values() for what, s, e, _ in row if what == kind]
+
+
 def all_reduces(trace):
     """The (start, end) of each all-reduce in the trace."""
-    return [(s, e) for row in trace["rows"].values() for what, s, e, _ in row if what == "all-reduce"]
+    return exchanges(trace, "all-reduce")
 
 
 def computing(trace):
@@ -150,7 +186,8 @@ def computing(trace):
 
 
 def communication(trace):
-    """What a trace's all-reduces were: counts, their time, and the share of it hidden under compute."""
+    """What a trace's all-reduces were: counts, their time, and the share of it hidden under compute;
+    and how many all-gathers and reduce-scatters (FSDP2's) it holds."""
     reduces = all_reduces(trace)
     busy = overlap(reduces, reduces)  # the time during which at least one all-reduce runs
     return {
@@ -159,6 +196,8 @@ def communication(trace):
         "all-reduces": len(reduces),
         "all-reduce ms": busy,
         "hidden": overlap(reduces, computing(trace)) / busy if busy else None,
+        "all-gathers": len(exchanges(trace, "all-gather")),
+        "reduce-scatters": len(exchanges(trace, "reduce-scatter")),
     }
 
 
@@ -176,14 +215,18 @@ def print_communication(runs):
             )
             if c["hidden"] is not None:
                 line += f" in {c['all-reduce ms']:.1f} ms, {c['hidden']:.0%} of it hidden under backward"
+            if c["all-gathers"] or c["reduce-scatters"]:  # FSDP2's
+                line += f", {c['all-gathers']} all-gathers, {c['reduce-scatters']} reduce-scatters"
             print(line)
 
 
 def draw_timelines(runs, title, steps=2):
     """A panel per run, {title: its traces, one per rank}, stacked on one time scale: its first `steps`
     recorded steps. A row for each rank's main thread (forward, backward, DDP's wait for the
-    all-reduces, the optimizer step) and one for each thread or CUDA stream where its all-reduces ran,
-    each all-reduce numbered by its bucket: 0, the first handed over, holds the last layer's gradients."""
+    all-reduces, the optimizer step) and one for each thread or CUDA stream where its exchanges ran:
+    DDP's all-reduces, each numbered by its bucket (0, the first handed over, holds the last layer's
+    gradients); FSDP2's all-gathers and reduce-scatters, each numbered in its step. DDP's run and
+    FSDP2's, two panels of one figure, show one's buckets beside the other's exchanges."""
     windows = {  # each panel's time: from the first of its steps on any rank to the last on any
         panel: (
             min(trace["steps"][0][0] for trace in traces),

@@ -55,7 +55,7 @@ def setup(args):
         # them. Never set them yourself: the guide's MASTER_PORT=12355 overrides torchrun's, and
         # the workers hang.
         dist.init_process_group(backend, device_id=device.index)
-    else:  # optional: plain `python train_ddp.py`, without torchrun (one_process_group, below)
+    else:  # optional: plain `python script.py`, without torchrun (one_process_group, below)
         one_process_group(backend)
     return device
 
@@ -581,7 +581,7 @@ def profiled(loader, args, record):
 
 
 # -----------------------------------------------------------------------------
-# train_ddp.py's alone, and not the lesson (DDP step 1, optional): plain `python train_ddp.py`
+# the distributed scripts' alone (train_ddp.py, train_fsdp.py), not the lesson (DDP step 1, optional)
 
 
 def one_process_group(backend):
@@ -591,8 +591,8 @@ def one_process_group(backend):
     MASTER_ADDR, and no store waits to be met at. It meets at a file, not a port: native Windows,
     where torchrun's store does not run, runs it too. mkstemp makes the file, new and ours alone
     (mktemp's name could be taken before it is used); torch deletes it with the group."""
-    print("train_ddp.py: not started by torchrun, so running as a one-process job (world size 1)")
-    handle, store = tempfile.mkstemp(prefix="train_ddp-group-")
+    print(f"{Path(__file__).name}: not started by torchrun, so running as a one-process job (world size 1)")
+    handle, store = tempfile.mkstemp(prefix=f"{Path(__file__).stem}-group-")
     os.close(handle)
     dist.init_process_group(backend, init_method=Path(store).as_uri(), rank=0, world_size=1)
 

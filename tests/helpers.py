@@ -12,7 +12,8 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPTS = ("single_gpu_baseline.py", "train_ddp.py")
+# the twins: the baseline, its DDP conversion, and the DDP twin's own twin, with FSDP2 (docs/fsdp.md)
+SCRIPTS = ("single_gpu_baseline.py", "train_ddp.py", "train_fsdp.py")
 # torchrun, as the interpreter running the tests runs it: never another torch's torchrun on PATH
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 # runs a script with one injected fault (its docstring lists them)
@@ -42,6 +43,11 @@ def ddp_run(nproc, **values):
     return launcher + as_flags(**{"batch_size": 64 // nproc, **PROOF_FLAGS, **values})
 
 
+def fsdp_run(nproc, **values):
+    """train_fsdp.py's command for a proof, as ddp_run's: nproc processes at batch 64/nproc each."""
+    return ddp_run(nproc, **values).replace("train_ddp.py", "train_fsdp.py")
+
+
 # A small job that saves every epoch (4 optimizer steps an epoch on each of its 2 ranks), run
 # straight through: what the fault tests and the crash proofs break, restart and resume, and
 # what they must end equal to.
@@ -50,7 +56,7 @@ STRAIGHT = f"torchrun --standalone --nproc_per_node=2 train_ddp.py --epochs 4 {S
 
 
 def copy_scripts(dest):
-    """Copy the twin scripts into dest, so that a user's command runs there verbatim."""
+    """Copy the twin scripts (SCRIPTS) into dest, so that a user's command runs there verbatim."""
     for name in SCRIPTS:
         shutil.copy(ROOT / name, dest / name)
     return dest

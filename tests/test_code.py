@@ -1,5 +1,5 @@
-"""How the code reads: the twin diff shows only named DDP steps, the lint is clean, and the tools
-are the versions requirements.txt pins."""
+"""How the code reads: the twin diff shows only named DDP steps, the FSDP twin's diff only named FSDP
+steps, the lint is clean, and the tools are the versions requirements.txt pins."""
 
 import importlib.metadata
 import re
@@ -8,13 +8,12 @@ import sys
 
 from helpers import ROOT
 
-STEP = re.compile(r"DDP step (\d+)\b")
+STEP = re.compile(r"(?<!FS)DDP step (\d+)\b")
+FSDP_STEP = re.compile(r"FSDP step (\d+)\b")
 
 
-def twin_diff_hunks():
-    proc = subprocess.run(
-        ["diff", "-u", "single_gpu_baseline.py", "train_ddp.py"], cwd=ROOT, capture_output=True, text=True
-    )
+def twin_diff_hunks(old="single_gpu_baseline.py", new="train_ddp.py"):
+    proc = subprocess.run(["diff", "-u", old, new], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 1, proc.stderr  # 1: the files differ
     hunks = re.split(r"^@@.*@@.*$", proc.stdout, flags=re.M)[1:]
     assert hunks, proc.stdout
@@ -44,6 +43,42 @@ def test_the_twin_diff_covers_every_step():
     named = {int(n) for hunk in twin_diff_hunks() for n in STEP.findall(hunk)}
     steps = set(range(1, 11))  # the guide's eight, and our two beyond it
     assert named == steps, f"steps missing from the diff: {steps - named}, unknown: {named - steps}"
+
+
+# The FSDP twin: train_fsdp.py against train_ddp.py, its steps numbered as the DDP steps they replace
+# (docs/fsdp.md): what is not an FSDP step, the plumbing included, is train_ddp.py's, byte for byte
+
+
+def fsdp_diff_hunks():
+    return twin_diff_hunks("train_ddp.py", "train_fsdp.py")
+
+
+def test_every_hunk_of_the_fsdp_twin_diff_names_its_fsdp_step():
+    for hunk in fsdp_diff_hunks():
+        added = "\n".join(line for line in hunk.splitlines() if line[:1] == "+")
+        assert FSDP_STEP.search(added), f"a hunk of the FSDP twin diff names no FSDP step:\n{hunk}"
+
+
+def test_every_import_the_fsdp_twin_diff_adds_names_its_step():
+    added = [
+        line[1:]
+        for hunk in fsdp_diff_hunks()
+        for line in hunk.splitlines()
+        if re.match(r"\+(import|from) ", line)
+    ]
+    assert added, "the FSDP twin adds no import"
+    untagged = [line for line in added if not FSDP_STEP.search(line)]
+    assert not untagged, f"imports the FSDP twin diff adds without naming their FSDP step: {untagged}"
+
+
+def test_the_fsdp_twin_diff_changes_the_steps_docs_fsdp_md_lists():
+    listed = {
+        int(n) for n in re.findall(r"^- \*\*FSDP step (\d+):", (ROOT / "docs/fsdp.md").read_text(), re.M)
+    }
+    named = {int(n) for hunk in fsdp_diff_hunks() for n in FSDP_STEP.findall(hunk)}
+    assert listed and named == listed, (
+        f"steps the diff names: {sorted(named)}, the page lists: {sorted(listed)}"
+    )
 
 
 def test_ruff_lint_and_format_are_clean():

@@ -106,6 +106,21 @@ def assigned(path, name):
     return ast.literal_eval(node.value)
 
 
+# the FSDP steps, one list: "- **FSDP step N: <name>.** <its rule>", each a DDP step's number
+FSDP_STEP = re.compile(r"^- \*\*FSDP step (\d+): ([^*]+?)\.\*\* ", flags=re.M)
+
+
+def test_the_fsdp_steps_are_named_in_train_fsdp_as_docs_fsdp_md_names_them():
+    listed = {
+        int(n): name.replace("`", "") for n, name in FSDP_STEP.findall((ROOT / "docs/fsdp.md").read_text())
+    }
+    assert set(listed) == {4, 6, 9, 10}, listed  # the four DDP steps FSDP2 changes, in their numbering
+    assert set(listed) <= set(readme_steps()), "an FSDP step is numbered as no DDP step"
+    code = (ROOT / "train_fsdp.py").read_text()
+    for number, name in listed.items():
+        assert f"FSDP step {number}: {name}" in code, f"train_fsdp.py never says 'FSDP step {number}: {name}'"
+
+
 def test_check_ddp_names_the_steps_as_the_readme_does_and_its_pitfalls_exist():
     steps = {number: name for number, (name, _) in readme_steps().items()}
     assert assigned(ROOT / "check_ddp.py", "STEPS") == steps
@@ -258,8 +273,9 @@ def test_the_readme_is_a_short_path_with_the_rest_one_link_away():
 
 
 def test_the_pages_number_nothing_but_the_ddp_steps():
-    # "DDP step 3" is a step of the conversion; an optimizer step is never numbered, nor is anything
-    # else (a pitfall, a batch the profiler records) called a step with a number
+    # "DDP step 3" is a step of the conversion, and "FSDP step 4" the FSDP twin's change of it, in one
+    # numbering (docs/fsdp.md); an optimizer step is never numbered, nor is anything else (a pitfall, a
+    # batch the profiler records) called a step with a number
     texts = {page.relative_to(ROOT): page.read_text() for page in PAGES}
     notebook = json.loads((ROOT / "walkthrough.ipynb").read_text())
     texts["walkthrough.ipynb"] = "\n".join(
@@ -269,7 +285,8 @@ def test_the_pages_number_nothing_but_the_ddp_steps():
         f"{page}: {match.group()!r}"
         for page, text in texts.items()
         for match in re.finditer(
-            r"(?<!DDP )\b[Ss]teps? \d+", re.sub(r"^```.*?^```$", "", text, flags=re.S | re.M)
+            r"(?<!DDP )\b[Ss]teps? \d+(?<!FSDP step \d)(?<!FSDP step \d\d)",
+            re.sub(r"^```.*?^```$", "", text, flags=re.S | re.M),
         )
     ]
     assert not numbered, numbered

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import torch
-from helpers import ROOT, load_checkpoint, read_metrics, run
+from helpers import ROOT, load_checkpoint, max_weight_diff, read_metrics, run
 from test_twins import default_run
 
 # the wide model at batch 256 a process: 8 batches an epoch on each of 2 ranks, so that batches 3 to 6
@@ -22,6 +22,11 @@ ACCUMULATING = f"{SMALL_BUCKETS} --grad_accum_steps 2"
 BASELINE = f"python single_gpu_baseline.py {TRACED} --profile --out_dir traced"
 UNPROFILED = f"{TORCHRUN_2} train_ddp.py {TRACED} --out_dir plain"  # torch's buckets, no --profile
 TRAIN_DDP = ROOT / "train_ddp.py"
+# train_fsdp.py, profiled as train_ddp.py is (torch's buckets have no FSDP2 counterpart to set)
+FSDP = f"{TORCHRUN_2} train_fsdp.py {TRACED} --profile --out_dir traced"
+FSDP_ACCUMULATING = f"{FSDP} --grad_accum_steps 2"
+# the Linear layers train_fsdp.py shards: each all-gathers in forward and in backward, reduce-scatters once
+BLOCKS = 3
 
 
 @pytest.fixture(scope="module")
@@ -130,3 +135,73 @@ def test_the_default_bucket_size_train_ddp_states_is_torchs():
     assert stated, "train_ddp.py no longer states torch's default bucket size"
     assert int(stated[1]) == torch.nn.parallel.distributed._DEFAULT_BUCKET_CAP_MB
     assert int(stated[2]) * 2**20 == torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
+
+
+# FSDP2 in time (train_fsdp.py) ------------------------------------------------------------------------
+
+
+def steps_of(trace):
+    """Each recorded step's (forward start, backward start, optimizer step start)."""
+    starts = {phase: [s for p, s, _ in trace["phases"] if p == phase] for phase in ("forward", "backward")}
+    steps = [s for p, s, _ in trace["phases"] if p == "optimizer step"]
+    return list(zip(starts["forward"], starts["backward"], steps, strict=True))
+
+
+@pytest.mark.slow
+def test_fsdp_all_gathers_in_forward_and_backward_and_reduce_scatters_after_backward(shared_run, drawing):
+    ranks = traces(shared_run(FSDP), drawing)
+    assert [trace["rank"] for trace in ranks] == [0, 1]
+    for trace in ranks:
+        c = drawing.communication(trace)
+        assert c["backward passes"] == c["optimizer steps"] == 4 and c["all-reduces"] == 0, c  # no bucket
+        # each block's weights gathered before it computes, forward and backward; its gradients once
+        assert c["all-gathers"] == 2 * BLOCKS * 4 and c["reduce-scatters"] == BLOCKS * 4, c
+        steps = steps_of(trace)
+        gathers, scatters = (drawing.exchanges(trace, kind) for kind in ("all-gather", "reduce-scatter"))
+        in_forward = [g for g in gathers if any(f <= g[0] < b for f, b, _ in steps)]
+        in_backward = [g for g in gathers if any(b <= g[0] < o for _, b, o in steps)]
+        assert len(in_forward) == len(in_backward) == BLOCKS * 4, (in_forward, in_backward, steps)
+        # a block's gradients are reduce-scattered once its backward is done, before the optimizer step
+        assert all(any(b <= s[0] < o for _, b, o in steps) for s in scatters), (scatters, steps)
+
+
+@pytest.mark.slow
+def test_set_requires_gradient_sync_halves_the_reduce_scatters_of_the_same_backward_passes(
+    shared_run, drawing
+):
+    # FSDP step 9 in time: with 2 micro-batches a step, one reduce-scatter a block a step, not one a
+    # backward pass; every forward and backward still gathers the weights
+    each, every_2 = (
+        [drawing.communication(trace) for trace in traces(shared_run(command), drawing)]
+        for command in (FSDP, FSDP_ACCUMULATING)
+    )
+    for k1, k2 in zip(each, every_2, strict=True):
+        assert k1["backward passes"] == k2["backward passes"] == 4
+        assert k2["optimizer steps"] == k1["optimizer steps"] / 2 == 2
+        assert k2["reduce-scatters"] == k1["reduce-scatters"] / 2 > 0, (k1, k2)
+        assert k2["all-gathers"] == k1["all-gathers"] > 0, (k1, k2)
+
+
+@pytest.mark.slow
+def test_fsdps_exchanges_are_drawn_beside_ddps_buckets(shared_run, drawing):
+    runs = {
+        title: traces(shared_run(command), drawing)
+        for title, command in (("DDP", SMALL_BUCKETS), ("FSDP2", FSDP))
+    }
+    figure = drawing.draw_timelines(runs, title="a test")
+    panels = [ax for ax in figure.axes if ax.get_title(loc="left")]
+    assert [ax.get_title(loc="left") for ax in panels] == ["DDP", "FSDP2"]
+    legend = [text.get_text() for text in figure.legends[0].get_texts()]
+    assert {"all-reduce", "all-gather", "reduce-scatter", "forward", "backward"} <= set(legend), legend
+    drawing.plt.close(figure)
+
+
+@pytest.mark.slow
+def test_fsdps_profiled_runs_end_with_ddps_weights(shared_run):
+    # the profiler changes nothing, and accumulation with set_requires_gradient_sync is DDP's no_sync:
+    # the same global batches, the same weights to the DDP proof's tolerance
+    for fsdp, ddp in ((FSDP, SMALL_BUCKETS), (FSDP_ACCUMULATING, ACCUMULATING)):
+        ours, theirs = (
+            load_checkpoint(shared_run(command).out / "model_epoch_2.pt") for command in (fsdp, ddp)
+        )
+        assert max_weight_diff(ours, theirs) <= 1e-5, (fsdp, ddp)

@@ -117,6 +117,7 @@ def test_the_flags_each_twin_takes_are_as_the_pages_say():
     baseline, ddp = flags("single_gpu_baseline.py"), flags("train_ddp.py")
     assert len(baseline) >= 10 and baseline <= ddp
     assert ddp - baseline == {only.group(1)}
+    assert flags("train_fsdp.py") == baseline, "docs/fsdp.md: the FSDP twin takes the baseline's flags"
 
 
 def test_the_baselines_sampler_maps_to_set_epoch_as_the_readme_says():
@@ -209,13 +210,24 @@ def code_lines(path):
     return [line for line in lines if line.strip()]
 
 
+def added_code_lines(old, new):
+    """The lines of code that `diff -u old new` adds (its comments, docstrings and blank lines aside)."""
+    added = difflib.unified_diff(code_lines(ROOT / old), code_lines(ROOT / new), lineterm="", n=0)
+    return [line for line in added if line[:1] == "+" and not line.startswith("+++")]
+
+
 def test_the_twin_diff_adds_at_most_45_lines_of_code():
     # the conversion, and what every conversion does not need kept out of its way (tagged optional,
     # or in the plumbing both scripts share): a diff a learner reads in one sitting
-    baseline, ddp = (code_lines(ROOT / script) for script in SCRIPTS)
-    added = [line for line in difflib.unified_diff(baseline, ddp, lineterm="", n=0) if line[:1] == "+"]
-    added = [line for line in added if not line.startswith("+++")]
+    added = added_code_lines("single_gpu_baseline.py", "train_ddp.py")
     assert 30 < len(added) <= 45, "\n".join(added)
+
+
+def test_the_fsdp_twin_diff_adds_at_most_30_lines_of_code():
+    # what FSDP2 changes of the DDP twin (docs/fsdp.md), its workarounds included: shorter than the
+    # conversion to DDP itself
+    added = added_code_lines("train_ddp.py", "train_fsdp.py")
+    assert 20 < len(added) <= 30, "\n".join(added)
 
 
 def test_only_rank_0_writes_files_or_prints(shared_run):
