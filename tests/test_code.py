@@ -57,7 +57,13 @@ def test_ruff_lint_and_format_are_clean():
 def test_every_package_requirements_txt_pins_is_installed_at_its_version():
     # a missing or other version fails here, rather than a test skipping itself (an upgrade of
     # ruff or torch changes what the tests see: it must be made on purpose, in requirements.txt)
-    pins = re.findall(r"^([\w-]+)==(\S+)$", (ROOT / "requirements.txt").read_text(), flags=re.M)
+    # every line but a comment is a pin, with an inline comment or without: a line this test cannot
+    # read would be a requirement it never checks
+    text = (ROOT / "requirements.txt").read_text()
+    lines = [line.split("#")[0].strip() for line in text.splitlines() if line.split("#")[0].strip()]
+    unread = [line for line in lines if not re.fullmatch(r"[\w.-]+==[\w.+-]+", line)]
+    assert not unread, f"requirements.txt: lines that are not name==version: {unread}"
+    pins = [line.split("==") for line in lines]
     assert len(pins) >= 5, pins  # torch, numpy, pytest, ruff, the notebook's
     found = {}
     for name, _ in pins:
