@@ -13,6 +13,7 @@ import inspect
 import json
 import re
 import statistics
+import textwrap
 from argparse import Namespace
 from xml.etree import ElementTree
 
@@ -74,6 +75,122 @@ def test_every_kept_output_a_page_shows_is_what_its_benchmark_printed():
     on_pages = {path for _, path, _ in regions}
     files = {str(p.relative_to(ROOT)) for p in (ROOT / "benchmarks").glob("*.kept.json")}
     assert files == on_pages, f"kept outputs no page shows: {files - on_pages}"
+
+
+# What each kept file says of itself ------------------------------------------------------------------------
+
+
+def benchmark_code(names, **context):
+    """The functions of benchmarks/benchmark.py named, run from its own source with the context given
+    (the cases and process counts a kept run had): the summaries it kept, as it computes them."""
+    tree = ast.parse((ROOT / "benchmarks/benchmark.py").read_text())
+    module = ast.Module([n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in names], [])
+    scope = {"statistics": statistics, "REGIMES": assigned("benchmarks/benchmark.py", "REGIMES"), **context}
+    exec(compile(module, "benchmarks/benchmark.py", "exec"), scope)
+    return scope
+
+
+def spread(values, spec):
+    """The median of values, and their range, as the benchmarks print them: "7.5 s  (7.2 to 8.1)"."""
+    low, median, high = (f"{v:{spec}}" for v in (min(values), statistics.median(values), max(values)))
+    return median, f"({low} to {high})"
+
+
+def reprinted(path, record):
+    """What a kept file's benchmark printed, made again from the measurements the file keeps, and the
+    summaries it keeps, made again from its rounds: ({summary: (kept, made again)}, [printed lines])."""
+    name = path.removeprefix("benchmarks/").removesuffix(".kept.json")
+    summaries, lines = {}, []
+    rounds = record.get("rounds")
+    if name == "check_cost":
+        lines += [
+            f"round {r}: run {o['run']:.1f} s, check {o['check']:.1f} s" for r, o in enumerate(rounds, 1)
+        ]
+        for case in ("run", "check"):
+            values = [one[case] for one in rounds]
+            summaries[f"median_s {case}"] = (record["median_s"][case], statistics.median(values))
+            median, range_ = spread(values, ".1f")
+            lines.append(f"{case:5}  median {median} s  {range_}")
+        ratios = [one["check"] / one["run"] for one in rounds]
+        summaries["check_over_run"] = (record["check_over_run"], statistics.median(ratios))
+        lines.append("check / run, per round: median {} {}".format(*spread(ratios, ".2f")))
+    elif name == "notebook_time":
+        lines += [f"run {r}: {seconds:.0f} s" for r, seconds in enumerate(record["seconds"], 1)]
+        lines.append(f"slowest of {len(record['seconds'])}: {max(record['seconds']):.0f} s")
+    elif name.startswith("batch_fetch"):
+        lines += [
+            f"round {r}: whole {one['whole']:,.0f} samples/s, items {one['items']:,.0f} samples/s"
+            for r, one in enumerate(rounds, 1)
+        ]
+        for case in ("whole", "items"):
+            median, range_ = spread([one[case] for one in rounds], ",.0f")
+            lines.append(f"{case:5}  median {median} samples/s  {range_}")
+        ratios = [one["whole"] / one["items"] for one in rounds]  # kept from epochs/s: to rounding
+        summaries["whole_over_items"] = tuple(
+            [round(r, 9) for r in x] for x in (record["whole_over_items"], ratios)
+        )
+        lines.append("whole / items, per round: median {}x {}".format(*spread(ratios, ".1f")))
+    elif name == "buckets":
+
+        def summary(values, spec):
+            return " ".join(spread(values, spec)) if len(values) > 1 else f"{values[0]:{spec}}"
+
+        def per_rank(cap, key, spec):
+            ranks = range(len(rounds[0][cap][key]))
+            values = [[one[cap][key][r] for one in rounds if one[cap][key][r] is not None] for r in ranks]
+            return " / ".join(summary(v, spec) if v else "none" for v in values)
+
+        for cap in record["caps"]:
+            buckets = ", ".join(f"{b:g}" for b in sorted({b for one in rounds for b in one[cap]["buckets"]}))
+            speed = summary([one[cap]["samples_per_sec"] for one in rounds], ",.0f")
+            ms, hidden = per_rank(cap, "all_reduce_ms", ".1f"), per_rank(cap, "hidden", ".0%")
+            lines.append(f"| {cap} | {buckets} | {ms} | {hidden} | {speed} |")
+    elif name == "benchmark":
+        cases = list(record["measured"])
+        nprocs = sorted({int(n) for case in cases for n in re.findall(r"^\w+ N=(\d+)$", case)})
+        code = benchmark_code(
+            ("summary", "flag", "summarize"),
+            cases=cases,
+            regimes={case.split()[0]: None for case in cases if case.endswith(" baseline")},
+            nprocs=nprocs,
+            widest=nprocs[-1] if len(nprocs) > 1 else None,
+            accumulating=next((int(n) for case in cases for n in re.findall(r"N=(\d+) K=4$", case)), None),
+        )
+        made = code["summarize"]([one for one in rounds if len(one) == len(cases)])  # the complete rounds
+        summaries |= {key: (record[key], made[key]) for key in ("measured", "derived")}
+        for case, stats in made["measured"].items():
+            unit = "s (wall, whole job" if case in ("first result", "floor") else "samples/s"
+            lines.append(
+                f"| {case} | {stats['median']:,.2f} | {stats['min']:,.2f} | {stats['max']:,.2f} | {unit}"
+            )
+        for key, stats in made["derived"].items():
+            row = f"| {key} | {stats['median']:.3f} | {stats['min']:.3f} | {stats['max']:.3f} |"
+            lines.append(f"{row} {made['meaning'][key]} |")
+        lines += [textwrap.fill(line, width=88, subsequent_indent="  ") for line in made["explained"]]
+        lines.append(f"in {record['minutes']:.1f} minutes")
+    # the line every kept file ends with: when, where, and under what load
+    load = record["load_average"]
+    lines.append(
+        f"kept in {path}: {record['date']}; {record['machine']} ({record['environment']['cpu']}); "
+        f"load average {load['start']:.1f} at the start, {load['end']:.1f} at the end"
+    )
+    return summaries, lines
+
+
+def test_each_kept_file_keeps_the_summaries_and_printed_lines_its_own_measurements_give():
+    # a kept figure edited, with the page that shows it, is caught here: each summary a kept file keeps
+    # (a median, a ratio) is made again from the rounds it keeps, and each line it printed from them
+    files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "benchmarks").glob("*.kept.json"))
+    assert len(files) >= 6, files
+    for path in files:
+        record = kept(path)
+        summaries, lines = reprinted(path, record)
+        assert len(lines) >= 2, f"{path}: no benchmark of that name is known here"
+        for name, (saved, made) in summaries.items():
+            assert saved == made, f"{path}: its {name} is not what its own rounds give"
+        printed = record["printed"]
+        missing = [line for line in lines if line not in printed]
+        assert not missing, f"{path}: printed otherwise than its own measurements give: {missing}"
 
 
 # The suite's own times ----------------------------------------------------------------------------------
