@@ -196,17 +196,30 @@ def test_a_job_whose_ranks_were_stopped_before_their_error_is_judged_as_its_case
     assert steps[5][0] == "--", text
 
 
-def test_a_gpu_machine_judges_the_recorded_jobs_as_they_ran(tool, monkeypatch):
-    """The `gpu:` part of a case is for a job that ran on GPUs; every recorded job ran on a CPU, and
-    is judged as such where pytest sees GPUs too (simulated here)."""
+def test_a_gpu_machine_judges_every_recorded_job_as_it_ran(tool, monkeypatch):
+    """A job is judged by what its records say of the machine it ran on, never by the machine that
+    judges it: every recorded job (each ran on a CPU) gives the report recorded, where the judging
+    process sees 8 GPUs (simulated here: torch.cuda answers so, and no CUDA_VISIBLE_DEVICES hides
+    them). The `gpu:` part of a case is for a job that ran on GPUs: titan_global_rank_device's, which
+    passes there, fails here, as it ran."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    differ = []
+    for case in CASES:
+        job = tool.Job.load(JOBS / case.stem)
+        if (
+            normalised(tool.report(job, tool.judge(job)))
+            != (JOBS / case.stem / "report.txt").read_text().strip()
+        ):
+            differ.append(case.stem)
+    assert not differ, f"judged otherwise where the judge sees GPUs: {differ}"
     case = next(c for c in CASES if c.stem == "titan_global_rank_device")  # gpu: exit 0, cpu: FAIL step 2
     job = tool.Job.load(JOBS / case.stem)
     lines = tool.judge(job)
-    text = tool.report(job, lines)
     status = 1 if any(line.verdict == "FAIL" for line in lines) else 0
     assert job.device == "cpu" and status == 1
+    text = tool.report(job, lines)
     assert_says_what_the_case_states(case, status, steps_of(lines, tool.see), text, device=job.device)
 
 
