@@ -556,19 +556,29 @@ def as_it_reads_anywhere(report):
     return re.sub(r"/\S*check_ddp-\w+/", "FOLDER/", report)
 
 
+# The README's sample report: its command, and the report it shows, as a kept job of that command
+# (tests/readme_report_job/, python tests/record_check_ddp_jobs.py --readme) judges them again
+README_REPORT = re.compile(r"<!-- check-report -->\n```text\n\$ python (check_ddp\.py .*?)\n(.*?)```", re.S)
+README_JOB = ROOT / "tests" / "readme_report_job"
+
+
+def readme_report(folder):
+    """Run the README's sample check as the README says, in folder: train_ddp.py less its set_epoch
+    line, as my_train.py. Its process, and the report the README shows."""
+    script = (ROOT / "train_ddp.py").read_text().splitlines(keepends=True)
+    (folder / "my_train.py").write_text("".join(line for line in script if "sampler.set_epoch(" not in line))
+    command, shown = README_REPORT.search((ROOT / "README.md").read_text()).groups()
+    argv = [sys.executable, str(CHECK), *command.split()[1:]]
+    return run(argv, cwd=folder, env=cpu_env(), expect=1, timeout=150), shown
+
+
 @pytest.mark.slow
 def test_the_readmes_report_is_what_a_real_check_prints(tmp_path):
     """The README's sample report, whole: train_ddp.py less its set_epoch line, checked as the
-    README says, prints it, but for its times and its folder."""
-    script = (ROOT / "train_ddp.py").read_text().splitlines(keepends=True)
-    (tmp_path / "my_train.py").write_text(
-        "".join(line for line in script if "sampler.set_epoch(" not in line)
-    )
-    shown = re.search(r"<!-- check-report -->\n```text\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
-    command, _, report = shown.group(1).partition("\n")
-    argv = command.removeprefix("$ python ").split()
-    proc = run([sys.executable, str(CHECK), *argv[1:]], cwd=tmp_path, env=cpu_env(), expect=1, timeout=150)
-    assert as_it_reads_anywhere(report) == as_it_reads_anywhere(proc.stdout)
+    README says, prints it, but for its times and its folder (its kept job holds those:
+    test_figures.py)."""
+    proc, shown = readme_report(tmp_path)
+    assert as_it_reads_anywhere(shown) == as_it_reads_anywhere(proc.stdout)
 
 
 def test_check_ddp_passes_our_train_ddp(tmp_path):

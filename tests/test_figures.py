@@ -29,7 +29,8 @@ README, TESTS_README, BENCHMARKS_README = (
 )
 CHECK_PAGE, TROUBLESHOOTING = ROOT / "docs/check-ddp.md", ROOT / "docs/troubleshooting.md"
 KEPT_REGION = re.compile(r"<!-- kept: (\S+) -->\n(.*?)<!-- end kept -->\n?", flags=re.S)
-# the README's sample report of check_ddp.py: test_notebook.py and test_check_ddp.py tie it to a real one
+# the README's sample report of check_ddp.py: its figures are its kept job's (test_the_readmes_sample_...
+# below); test_notebook.py and test_check_ddp.py tie the rest to a real check of today
 SAMPLE_REPORT = re.compile(r"<!-- check-report -->\n```text\n.*?^```$", flags=re.S | re.M)
 # a measured figure: a time, a rate, a ratio, a share (not a size, a count or a setting), its unit
 # after a space, a hyphen or nothing ("40 s", "40-s", "40s")
@@ -191,6 +192,23 @@ def test_each_kept_file_keeps_the_summaries_and_printed_lines_its_own_measuremen
         printed = record["printed"]
         missing = [line for line in lines if line not in printed]
         assert not missing, f"{path}: printed otherwise than its own measurements give: {missing}"
+
+
+def test_the_readmes_sample_report_is_its_kept_job_judged_again_times_and_all():
+    # the README shows what its check printed, its times too; the job that printed it is kept
+    # (tests/readme_report_job/), and judged again it prints the same, all but the job's folder
+    from test_check_ddp import README_JOB, README_REPORT, load_tool, normalised
+
+    tool = load_tool()
+    record = "python tests/record_check_ddp_jobs.py --readme"
+    assert tool.Job.made_by(README_JOB) == (tool.FORMAT, tool.recorder()), (
+        f"recorded by another version: {record}"
+    )
+    job = tool.Job.load(README_JOB)
+    _, shown = README_REPORT.search(README.read_text()).groups()
+    assert normalised(shown) == normalised(tool.report(job, tool.judge(job))), (
+        f"the README's sample report is not its kept job's: {record}"
+    )
 
 
 # The suite's own times ----------------------------------------------------------------------------------
