@@ -247,6 +247,25 @@ def test_the_kept_runs_of_the_suite_passed_skipped_only_gpu_tests_and_ran_every_
         assert all("GPU" in skip for skip in run["skips"]), f"{kept} skipped: {run['skips']}"
 
 
+def test_the_kept_runs_of_the_suite_ran_todays_tests(collected):
+    # a tier's figure (its minutes, its count of tests) is of the suite as it is: for each file this
+    # session collected, the kept run of each tier ran exactly the tests it holds today (the quick
+    # tier, those not slow); a test added, renamed or removed since needs the tiers run again
+    files = {nodeid.partition("::")[0] for nodeid, _ in collected}
+    for tier in ("full", "quick"):
+        suite = ElementTree.parse(ROOT / f"tests/timings/{tier}.xml").getroot().find("testsuite")
+        ran = {
+            f"{case.get('classname').replace('.', '/')}.py::{case.get('name')}"
+            for case in suite.iter("testcase")
+        }
+        ran = {nodeid for nodeid in ran if nodeid.partition("::")[0] in files}
+        today = {nodeid for nodeid, slow in collected if tier == "full" or not slow}
+        assert ran == today, (
+            f"tests/timings/{tier}.xml is of another suite: run the tier again (tests/README.md); "
+            f"not run there: {sorted(today - ran)}; gone since: {sorted(ran - today)}"
+        )
+
+
 def suite_figures():
     """The figures the pages give of the suite's times, as each sentence gives them."""
     quick, full = suite_run("quick"), suite_run("full")
