@@ -492,6 +492,7 @@ CONVERSION_PRELUDE = """import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 B, epochs, optimizer = 32, 2, None
+loss_fn = torch.nn.functional.mse_loss
 
 
 def make_dataset(seed):
@@ -507,7 +508,7 @@ def Model():
 """
 CONVERSION_STEP = """x, y = x.to(device), y.to(device)
 optimizer = optimizer or torch.optim.SGD(model.parameters(), lr=0.01)
-loss = torch.nn.functional.mse_loss(model(x), y)
+loss = loss_fn(model(x), y)
 optimizer.zero_grad()
 loss.backward()
 optimizer.step()"""
@@ -532,7 +533,8 @@ def readme_conversion():
 
 def test_the_readmes_conversion_in_its_gpu_form_passes_on_a_cpu(tmp_path):
     """The GPU script the README's conversion makes (nccl, cuda:LOCAL_RANK, set_device, device_ids),
-    checked where there is no GPU: stood in, every step the CPU can judge is judged, and ok."""
+    checked where there is no GPU: stood in, every step the CPU can judge is judged, and ok, its
+    evaluation (a DataLoader of each rank's Subset) exact."""
     (tmp_path / "my_train.py").write_text(readme_conversion())
     proc, report = check("my_train.py", cwd=tmp_path, expect=0)
     steps = steps_of(report["findings"])
@@ -540,10 +542,11 @@ def test_the_readmes_conversion_in_its_gpu_form_passes_on_a_cpu(tmp_path):
         report["how"]
         == "2 processes as 2 nodes of 1, GPU script stood in on the CPU: cuda -> cpu, nccl -> gloo"
     )
-    assert {step: verdict for step, (verdict, _, _) in steps.items()} == dict.fromkeys(range(1, 9), "ok"), (
-        proc.stdout
-    )
+    assert {step: verdict for step, (verdict, _, _) in steps.items()} == dict.fromkeys(
+        [*range(1, 9), 10], "ok"
+    ), proc.stdout
     assert "rank 1 on cuda:0 of node 1" in steps[2][1], proc.stdout  # the second node's own GPU 0
+    assert "each once" in steps[10][1], proc.stdout
     assert (tmp_path / "ckpt.pt").exists()  # the job ran for real
 
 
