@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import ROOT, copy_scripts, cpu_env, run, selected
+from helpers import ROOT, copy_scripts, cpu_env, notebook_exercise, readme_conversion, run, selected
 
 CHECK = ROOT / "check_ddp.py"
 CASES_DIR = ROOT / "tests" / "check_ddp_cases"
@@ -486,56 +486,11 @@ def test_the_watcher_changes_nothing_a_script_prints(reports, case, tmp_path):
     assert sorted(printed(watched)) == sorted(plain)
 
 
-# What the README's conversion leaves out ("an ordinary training script"), made concrete: its data,
-# its model, its batch size and epochs, and the unchanged forward, backward and step.
-CONVERSION_PRELUDE = """import torch
-from torch.utils.data import DataLoader, TensorDataset
-
-B, epochs, optimizer = 32, 2, None
-loss_fn = torch.nn.functional.mse_loss
-
-
-def make_dataset(seed):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(512, 8, generator=g)
-    return TensorDataset(x, x.sum(1, keepdim=True))
-
-
-def Model():
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
-
-
-"""
-CONVERSION_STEP = """x, y = x.to(device), y.to(device)
-optimizer = optimizer or torch.optim.SGD(model.parameters(), lr=0.01)
-loss = loss_fn(model(x), y)
-optimizer.zero_grad()
-loss.backward()
-optimizer.step()"""
-
-
-def readme_conversion():
-    """The new side of the README's "Convert your own script" diff, as a whole script."""
-    readme = (ROOT / "README.md").read_text()
-    diff = re.search(r"^## Convert your own script\n.*?```diff\n(.*?)```", readme, re.S | re.M).group(1)
-    lines = []
-    for line in diff.splitlines():
-        if line.startswith("-"):
-            continue
-        code = line[1:]
-        if code.strip().startswith("..."):
-            indent = code[: len(code) - len(code.lstrip())]
-            lines += [indent + step for step in CONVERSION_STEP.splitlines()]
-        else:
-            lines.append(code)
-    return CONVERSION_PRELUDE + "\n".join(lines) + "\n"
-
-
 def test_the_readmes_conversion_in_its_gpu_form_passes_on_a_cpu(tmp_path):
-    """The GPU script the README's conversion makes (nccl, cuda:LOCAL_RANK, set_device, device_ids),
-    checked where there is no GPU: stood in, every step the CPU can judge is judged, and ok, its
-    evaluation (a DataLoader of each rank's Subset) exact."""
-    (tmp_path / "my_train.py").write_text(readme_conversion())
+    """The GPU script the README's conversion makes of the notebook's exercise (nccl, cuda:LOCAL_RANK,
+    set_device, device_ids), checked where there is no GPU: stood in, every step the CPU can judge
+    is judged, and ok, its evaluation (a DataLoader of each rank's Subset) exact."""
+    (tmp_path / "my_train.py").write_text(readme_conversion(notebook_exercise()))  # as a learner makes it
     proc, report = check("my_train.py", cwd=tmp_path, expect=0)
     steps = steps_of(report["findings"])
     assert (

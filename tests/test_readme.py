@@ -9,7 +9,7 @@ import shutil
 import subprocess
 from urllib.parse import unquote
 
-from helpers import ROOT, run
+from helpers import ROOT, notebook_exercise, readme_conversion, run
 
 README = (ROOT / "README.md").read_text()
 PAGES = [
@@ -300,51 +300,11 @@ def test_the_pages_number_nothing_but_the_ddp_steps():
     assert not numbered, numbered
 
 
-# What the README's conversion leaves out (its data, model, batch size, epochs, and the unchanged
-# forward, backward and optimizer step), made concrete, so that its new side runs as a script
-PRELUDE = """import torch
-from torch.utils.data import DataLoader, TensorDataset
-
-B, epochs = 16, 2
-loss_fn = torch.nn.functional.mse_loss
-
-
-def make_dataset(seed):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(256, 4, generator=g)
-    return TensorDataset(x, x.sum(1, keepdim=True))
-
-
-def Model():
-    return torch.nn.Linear(4, 1)
-
-
-"""
-UNCHANGED = """x, y = x.to(device), y.to(device)
-optimizer = torch.optim.SGD(model.parameters(), lr=0.01) if "optimizer" not in globals() else optimizer
-loss = loss_fn(model(x), y)
-optimizer.zero_grad()
-loss.backward()
-optimizer.step()"""
-
-
-def converted_script():
-    """The new side of the README's conversion, with what it leaves out filled in."""
-    lines = []
-    for line in conversion_diff().splitlines():
-        if line.startswith("-"):
-            continue
-        code = line[1:]
-        indent = code[: len(code) - len(code.lstrip())]
-        unchanged = code.strip().startswith("...")
-        lines += [indent + line for line in UNCHANGED.splitlines()] if unchanged else [code]
-    return PRELUDE + "\n".join(lines) + "\n"
-
-
 def test_the_readmes_conversion_runs_under_plain_torchrun_on_the_cpu_build(tmp_path):
-    # the device-agnostic form: no CUDA (as on torch's CPU build), so gloo on the CPU; rank 0 alone
-    # prints and saves (check_ddp.py checks its GPU path, stood in: tests/test_check_ddp.py)
-    (tmp_path / "my_train.py").write_text(converted_script())
+    # the README's conversion of the ordinary script the notebook's Your turn gives, as a learner makes
+    # it, in the device-agnostic form: no CUDA (as on torch's CPU build), so gloo on the CPU; rank 0
+    # alone prints and saves (check_ddp.py checks its GPU path, stood in: tests/test_check_ddp.py)
+    (tmp_path / "my_train.py").write_text(readme_conversion(notebook_exercise()))
     proc = run("torchrun --standalone --nproc_per_node=2 my_train.py", cwd=tmp_path)
     assert [line.split()[0] for line in proc.stdout.splitlines()] == ["0", "1"], proc.stdout
     assert (tmp_path / "ckpt.pt").is_file()
