@@ -40,10 +40,10 @@ FIGURES = Path(os.environ.get("WALKTHROUGH_FIGURES", OUT))  # WALKTHROUGH_FIGURE
 # running the scripts
 
 
-def shown(command, env=None):
+def shown(command, env=None, cwd=None):
     """Run command, its output (stdout and stderr) shown as it comes; its exit status."""
     with subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd
     ) as proc:
         for line in proc.stdout:
             print(line, end="", flush=True)
@@ -62,13 +62,18 @@ def run(*args, nproc=None):
         raise RuntimeError(f"exited with {status}: {' '.join(args)}")
 
 
-def check(script, *args, expect):
-    """`python check_ddp.py SCRIPT ARGS`, its report shown as it comes. It exits 1 when a step
-    fails, as a broken conversion should: the cell fails unless it exits as expected."""
-    print("$ python check_ddp.py", script, *args, flush=True)
-    status = shown([sys.executable, "check_ddp.py", str(script), *map(str, args)])
-    if status != expect:
-        raise RuntimeError(f"check_ddp.py exited with {status}, not {expect}: {script}")
+def check(script, *args, expect=None, cwd=None):
+    """`python check_ddp.py SCRIPT ARGS`, its report shown as it comes; in cwd, if given, as from a
+    terminal there (`cd CWD`). It exits 1 when a step fails, as a broken conversion should: the
+    cell fails unless it exits as expected (expect=None: 0 or 1, a verdict either way; 2 or 3, a
+    usage error or the check's own, fail it always)."""
+    tool = os.path.relpath("check_ddp.py", cwd or ".")
+    command = " ".join(["python", tool, str(script), *map(str, args)])
+    print(f"$ cd {cwd}\n$ {command}" if cwd else f"$ {command}", flush=True)
+    status = shown([sys.executable, tool, str(script), *map(str, args)], cwd=cwd)
+    allowed = (0, 1) if expect is None else (expect,)
+    if status not in allowed:
+        raise RuntimeError(f"check_ddp.py exited with {status}, not {' or '.join(map(str, allowed))}")
 
 
 def fresh(name):

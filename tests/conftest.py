@@ -94,6 +94,22 @@ def shared_run(tmp_path_factory):
     pool.shutdown(cancel_futures=True)
 
 
+COLLECTED = pytest.StashKey[list]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Every test this session collected, before -m or -k chose among them, and whether it is slow:
+    what the kept runs of each tier must have run (test_figures.py)."""
+    config.stash[COLLECTED] = [(item.nodeid, item.get_closest_marker("slow") is not None) for item in items]
+
+
+@pytest.fixture(scope="session")
+def collected(request):
+    """[(node id, slow), ...]: every test of the files this session collected (see above)."""
+    return request.config.stash[COLLECTED]
+
+
 @pytest.fixture(scope="session", autouse=True)
 def where_the_suite_ran(record_testsuite_property):
     """With --junitxml (tests/timings/ keeps such reports, tests/README.md quotes them), the report says

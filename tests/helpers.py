@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -53,6 +54,40 @@ def fsdp_run(nproc, **values):
 # what they must end equal to.
 SMALL = "--dataset_size 512 --val_size 64 --save_interval 1"
 STRAIGHT = f"torchrun --standalone --nproc_per_node=2 train_ddp.py --epochs 4 {SMALL} --out_dir straight"
+
+
+def notebook_exercise():
+    """The script of the notebook's Your turn, as its %%writefile cell saves it: an ordinary training
+    script for one device, for the learner to convert."""
+    cells = json.loads((ROOT / "walkthrough.ipynb").read_text())["cells"]
+    (cell,) = ["".join(c["source"]) for c in cells if "".join(c["source"]).startswith("%%writefile")]
+    return cell.partition("\n")[2] + "\n"
+
+
+def readme_conversion(script):
+    """The README's conversion (its diff, under "Convert your own script") applied to script, as a
+    learner who follows it would: each line the diff keeps or removes is found in script, in order
+    (the diff's `...` stands for the lines up to the next one it names), and each line it adds is
+    put in its place. A line not found fails: the README's conversion no longer fits the script."""
+    readme = (ROOT / "README.md").read_text()
+    diff = re.search(r"^## Convert your own script\n.*?```diff\n(.*?)```", readme, re.S | re.M).group(1)
+    lines, out, added, at, skip = script.splitlines(), [], [], 0, True  # before the first: the header
+    for line in diff.splitlines():
+        kind, code = line[:1], line[1:]
+        if kind == "+":
+            added.append(code)
+            continue
+        code = re.sub(r"\s{2,}# .*$", "", code)  # the README's comment on the line, not the script's
+        if code.strip() == "...":
+            skip = True
+            continue
+        found = next((i for i in range(at, len(lines)) if lines[i] == code), None)
+        assert found is not None and (skip or found == at), (
+            f"the README's conversion: not in the script: {code!r}"
+        )
+        out += lines[at:found] + added + ([code] if kind == " " else [])
+        added, at, skip = [], found + 1, False
+    return "\n".join(out + lines[at:] + added) + "\n"
 
 
 def copy_scripts(dest):

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import ROOT, copy_scripts, cpu_env, run, selected
+from helpers import ROOT, copy_scripts, cpu_env, notebook_exercise, readme_conversion, run, selected
 
 CHECK = ROOT / "check_ddp.py"
 CASES_DIR = ROOT / "tests" / "check_ddp_cases"
@@ -196,17 +196,30 @@ def test_a_job_whose_ranks_were_stopped_before_their_error_is_judged_as_its_case
     assert steps[5][0] == "--", text
 
 
-def test_a_gpu_machine_judges_the_recorded_jobs_as_they_ran(tool, monkeypatch):
-    """The `gpu:` part of a case is for a job that ran on GPUs; every recorded job ran on a CPU, and
-    is judged as such where pytest sees GPUs too (simulated here)."""
+def test_a_gpu_machine_judges_every_recorded_job_as_it_ran(tool, monkeypatch):
+    """A job is judged by what its records say of the machine it ran on, never by the machine that
+    judges it: every recorded job (each ran on a CPU) gives the report recorded, where the judging
+    process sees 8 GPUs (simulated here: torch.cuda answers so, and no CUDA_VISIBLE_DEVICES hides
+    them). The `gpu:` part of a case is for a job that ran on GPUs: titan_global_rank_device's, which
+    passes there, fails here, as it ran."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    differ = []
+    for case in CASES:
+        job = tool.Job.load(JOBS / case.stem)
+        if (
+            normalised(tool.report(job, tool.judge(job)))
+            != (JOBS / case.stem / "report.txt").read_text().strip()
+        ):
+            differ.append(case.stem)
+    assert not differ, f"judged otherwise where the judge sees GPUs: {differ}"
     case = next(c for c in CASES if c.stem == "titan_global_rank_device")  # gpu: exit 0, cpu: FAIL step 2
     job = tool.Job.load(JOBS / case.stem)
     lines = tool.judge(job)
-    text = tool.report(job, lines)
     status = 1 if any(line.verdict == "FAIL" for line in lines) else 0
     assert job.device == "cpu" and status == 1
+    text = tool.report(job, lines)
     assert_says_what_the_case_states(case, status, steps_of(lines, tool.see), text, device=job.device)
 
 
@@ -564,64 +577,22 @@ def test_the_watcher_changes_nothing_a_script_prints(reports, case, tmp_path):
     assert sorted(printed(watched)) == sorted(plain)
 
 
-# What the README's conversion leaves out ("an ordinary training script"), made concrete: its data,
-# its model, its batch size and epochs, and the unchanged forward, backward and step.
-CONVERSION_PRELUDE = """import torch
-from torch.utils.data import DataLoader, TensorDataset
-
-B, epochs, optimizer = 32, 2, None
-
-
-def make_dataset(seed):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(512, 8, generator=g)
-    return TensorDataset(x, x.sum(1, keepdim=True))
-
-
-def Model():
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
-
-
-"""
-CONVERSION_STEP = """x, y = x.to(device), y.to(device)
-optimizer = optimizer or torch.optim.SGD(model.parameters(), lr=0.01)
-loss = torch.nn.functional.mse_loss(model(x), y)
-optimizer.zero_grad()
-loss.backward()
-optimizer.step()"""
-
-
-def readme_conversion():
-    """The new side of the README's "Convert your own script" diff, as a whole script."""
-    readme = (ROOT / "README.md").read_text()
-    diff = re.search(r"^## Convert your own script\n.*?```diff\n(.*?)```", readme, re.S | re.M).group(1)
-    lines = []
-    for line in diff.splitlines():
-        if line.startswith("-"):
-            continue
-        code = line[1:]
-        if code.strip().startswith("..."):
-            indent = code[: len(code) - len(code.lstrip())]
-            lines += [indent + step for step in CONVERSION_STEP.splitlines()]
-        else:
-            lines.append(code)
-    return CONVERSION_PRELUDE + "\n".join(lines) + "\n"
-
-
 def test_the_readmes_conversion_in_its_gpu_form_passes_on_a_cpu(tmp_path):
-    """The GPU script the README's conversion makes (nccl, cuda:LOCAL_RANK, set_device, device_ids),
-    checked where there is no GPU: stood in, every step the CPU can judge is judged, and ok."""
-    (tmp_path / "my_train.py").write_text(readme_conversion())
+    """The GPU script the README's conversion makes of the notebook's exercise (nccl, cuda:LOCAL_RANK,
+    set_device, device_ids), checked where there is no GPU: stood in, every step the CPU can judge
+    is judged, and ok, its evaluation (a DataLoader of each rank's Subset) exact."""
+    (tmp_path / "my_train.py").write_text(readme_conversion(notebook_exercise()))  # as a learner makes it
     proc, report = check("my_train.py", cwd=tmp_path, expect=0)
     steps = steps_of(report["findings"])
     assert (
         report["how"]
         == "2 processes as 2 nodes of 1, GPU script stood in on the CPU: cuda -> cpu, nccl -> gloo"
     )
-    assert {step: verdict for step, (verdict, _, _) in steps.items()} == dict.fromkeys(range(1, 9), "ok"), (
-        proc.stdout
-    )
+    assert {step: verdict for step, (verdict, _, _) in steps.items()} == dict.fromkeys(
+        [*range(1, 9), 10], "ok"
+    ), proc.stdout
     assert "rank 1 on cuda:0 of node 1" in steps[2][1], proc.stdout  # the second node's own GPU 0
+    assert "each once" in steps[10][1], proc.stdout
     assert (tmp_path / "ckpt.pt").exists()  # the job ran for real
 
 
@@ -634,19 +605,29 @@ def as_it_reads_anywhere(report):
     return re.sub(r"/\S*check_ddp-\w+/", "FOLDER/", report)
 
 
+# The README's sample report: its command, and the report it shows, as a kept job of that command
+# (tests/readme_report_job/, python tests/record_check_ddp_jobs.py --readme) judges them again
+README_REPORT = re.compile(r"<!-- check-report -->\n```text\n\$ python (check_ddp\.py .*?)\n(.*?)```", re.S)
+README_JOB = ROOT / "tests" / "readme_report_job"
+
+
+def readme_report(folder):
+    """Run the README's sample check as the README says, in folder: train_ddp.py less its set_epoch
+    line, as my_train.py. Its process, and the report the README shows."""
+    script = (ROOT / "train_ddp.py").read_text().splitlines(keepends=True)
+    (folder / "my_train.py").write_text("".join(line for line in script if "sampler.set_epoch(" not in line))
+    command, shown = README_REPORT.search((ROOT / "README.md").read_text()).groups()
+    argv = [sys.executable, str(CHECK), *command.split()[1:]]
+    return run(argv, cwd=folder, env=cpu_env(), expect=1, timeout=150), shown
+
+
 @pytest.mark.slow
 def test_the_readmes_report_is_what_a_real_check_prints(tmp_path):
     """The README's sample report, whole: train_ddp.py less its set_epoch line, checked as the
-    README says, prints it, but for its times and its folder."""
-    script = (ROOT / "train_ddp.py").read_text().splitlines(keepends=True)
-    (tmp_path / "my_train.py").write_text(
-        "".join(line for line in script if "sampler.set_epoch(" not in line)
-    )
-    shown = re.search(r"<!-- check-report -->\n```text\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
-    command, _, report = shown.group(1).partition("\n")
-    argv = command.removeprefix("$ python ").split()
-    proc = run([sys.executable, str(CHECK), *argv[1:]], cwd=tmp_path, env=cpu_env(), expect=1, timeout=150)
-    assert as_it_reads_anywhere(report) == as_it_reads_anywhere(proc.stdout)
+    README says, prints it, but for its times and its folder (its kept job holds those:
+    test_figures.py)."""
+    proc, shown = readme_report(tmp_path)
+    assert as_it_reads_anywhere(shown) == as_it_reads_anywhere(proc.stdout)
 
 
 def test_check_ddp_passes_our_train_ddp(tmp_path):

@@ -13,6 +13,7 @@ import inspect
 import json
 import re
 import statistics
+import textwrap
 from argparse import Namespace
 from xml.etree import ElementTree
 
@@ -29,10 +30,16 @@ README, TESTS_README, BENCHMARKS_README = (
 CHECK_PAGE, TROUBLESHOOTING = ROOT / "docs/check-ddp.md", ROOT / "docs/troubleshooting.md"
 FSDP_PAGE = ROOT / "docs/fsdp.md"
 KEPT_REGION = re.compile(r"<!-- kept: (\S+) -->\n(.*?)<!-- end kept -->\n?", flags=re.S)
-# the README's sample report of check_ddp.py: test_notebook.py and test_check_ddp.py tie it to a real one
+# the README's sample report of check_ddp.py: its figures are its kept job's (test_the_readmes_sample_...
+# below); test_notebook.py and test_check_ddp.py tie the rest to a real check of today
 SAMPLE_REPORT = re.compile(r"<!-- check-report -->\n```text\n.*?^```$", flags=re.S | re.M)
-# a measured figure: a time, a rate, a ratio, a share (not a size, a count or a setting)
-FIGURE = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?(?:k|x|%|[ -](?:ms|s|seconds?|minutes?|samples/s)\b)")
+# a measured figure: a time, a rate, a ratio, a share (not a size, a count or a setting), its unit
+# after a space, a hyphen or nothing ("40 s", "40-s", "40s")
+FIGURE = re.compile(
+    r"(?<![\w.])\d[\d,]*(?:\.\d+)?(?:k|x|%|[ -]?(?:ms|s|secs?|seconds?|mins?|minutes?|h|hours?|samples/s)\b)"
+)
+# a paragraph that calls itself an estimate: the word, not a word that holds it ("underestimated")
+ESTIMATE = re.compile(r"\bestimated?s?\b", flags=re.I)
 
 
 def kept(path):
@@ -72,6 +79,139 @@ def test_every_kept_output_a_page_shows_is_what_its_benchmark_printed():
     assert files == on_pages, f"kept outputs no page shows: {files - on_pages}"
 
 
+# What each kept file says of itself ------------------------------------------------------------------------
+
+
+def benchmark_code(names, **context):
+    """The functions of benchmarks/benchmark.py named, run from its own source with the context given
+    (the cases and process counts a kept run had): the summaries it kept, as it computes them."""
+    tree = ast.parse((ROOT / "benchmarks/benchmark.py").read_text())
+    module = ast.Module([n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in names], [])
+    scope = {"statistics": statistics, "REGIMES": assigned("benchmarks/benchmark.py", "REGIMES"), **context}
+    exec(compile(module, "benchmarks/benchmark.py", "exec"), scope)
+    return scope
+
+
+def spread(values, spec):
+    """The median of values, and their range, as the benchmarks print them: "7.5 s  (7.2 to 8.1)"."""
+    low, median, high = (f"{v:{spec}}" for v in (min(values), statistics.median(values), max(values)))
+    return median, f"({low} to {high})"
+
+
+def reprinted(path, record):
+    """What a kept file's benchmark printed, made again from the measurements the file keeps, and the
+    summaries it keeps, made again from its rounds: ({summary: (kept, made again)}, [printed lines])."""
+    name = path.removeprefix("benchmarks/").removesuffix(".kept.json")
+    summaries, lines = {}, []
+    rounds = record.get("rounds")
+    if name == "check_cost":
+        lines += [
+            f"round {r}: run {o['run']:.1f} s, check {o['check']:.1f} s" for r, o in enumerate(rounds, 1)
+        ]
+        for case in ("run", "check"):
+            values = [one[case] for one in rounds]
+            summaries[f"median_s {case}"] = (record["median_s"][case], statistics.median(values))
+            median, range_ = spread(values, ".1f")
+            lines.append(f"{case:5}  median {median} s  {range_}")
+        ratios = [one["check"] / one["run"] for one in rounds]
+        summaries["check_over_run"] = (record["check_over_run"], statistics.median(ratios))
+        lines.append("check / run, per round: median {} {}".format(*spread(ratios, ".2f")))
+    elif name == "notebook_time":
+        lines += [f"run {r}: {seconds:.0f} s" for r, seconds in enumerate(record["seconds"], 1)]
+        lines.append(f"slowest of {len(record['seconds'])}: {max(record['seconds']):.0f} s")
+    elif name.startswith("batch_fetch"):
+        lines += [
+            f"round {r}: whole {one['whole']:,.0f} samples/s, items {one['items']:,.0f} samples/s"
+            for r, one in enumerate(rounds, 1)
+        ]
+        for case in ("whole", "items"):
+            median, range_ = spread([one[case] for one in rounds], ",.0f")
+            lines.append(f"{case:5}  median {median} samples/s  {range_}")
+        ratios = [one["whole"] / one["items"] for one in rounds]  # kept from epochs/s: to rounding
+        summaries["whole_over_items"] = tuple(
+            [round(r, 9) for r in x] for x in (record["whole_over_items"], ratios)
+        )
+        lines.append("whole / items, per round: median {}x {}".format(*spread(ratios, ".1f")))
+    elif name == "buckets":
+
+        def summary(values, spec):
+            return " ".join(spread(values, spec)) if len(values) > 1 else f"{values[0]:{spec}}"
+
+        def per_rank(cap, key, spec):
+            ranks = range(len(rounds[0][cap][key]))
+            values = [[one[cap][key][r] for one in rounds if one[cap][key][r] is not None] for r in ranks]
+            return " / ".join(summary(v, spec) if v else "none" for v in values)
+
+        for cap in record["caps"]:
+            buckets = ", ".join(f"{b:g}" for b in sorted({b for one in rounds for b in one[cap]["buckets"]}))
+            speed = summary([one[cap]["samples_per_sec"] for one in rounds], ",.0f")
+            ms, hidden = per_rank(cap, "all_reduce_ms", ".1f"), per_rank(cap, "hidden", ".0%")
+            lines.append(f"| {cap} | {buckets} | {ms} | {hidden} | {speed} |")
+    elif name == "benchmark":
+        cases = list(record["measured"])
+        nprocs = sorted({int(n) for case in cases for n in re.findall(r"^\w+ N=(\d+)$", case)})
+        code = benchmark_code(
+            ("summary", "flag", "summarize"),
+            cases=cases,
+            regimes={case.split()[0]: None for case in cases if case.endswith(" baseline")},
+            nprocs=nprocs,
+            widest=nprocs[-1] if len(nprocs) > 1 else None,
+            accumulating=next((int(n) for case in cases for n in re.findall(r"N=(\d+) K=4$", case)), None),
+        )
+        made = code["summarize"]([one for one in rounds if len(one) == len(cases)])  # the complete rounds
+        summaries |= {key: (record[key], made[key]) for key in ("measured", "derived")}
+        for case, stats in made["measured"].items():
+            unit = "s (wall, whole job" if case in ("first result", "floor") else "samples/s"
+            lines.append(
+                f"| {case} | {stats['median']:,.2f} | {stats['min']:,.2f} | {stats['max']:,.2f} | {unit}"
+            )
+        for key, stats in made["derived"].items():
+            row = f"| {key} | {stats['median']:.3f} | {stats['min']:.3f} | {stats['max']:.3f} |"
+            lines.append(f"{row} {made['meaning'][key]} |")
+        lines += [textwrap.fill(line, width=88, subsequent_indent="  ") for line in made["explained"]]
+        lines.append(f"in {record['minutes']:.1f} minutes")
+    # the line every kept file ends with: when, where, and under what load
+    load = record["load_average"]
+    lines.append(
+        f"kept in {path}: {record['date']}; {record['machine']} ({record['environment']['cpu']}); "
+        f"load average {load['start']:.1f} at the start, {load['end']:.1f} at the end"
+    )
+    return summaries, lines
+
+
+def test_each_kept_file_keeps_the_summaries_and_printed_lines_its_own_measurements_give():
+    # a kept figure edited, with the page that shows it, is caught here: each summary a kept file keeps
+    # (a median, a ratio) is made again from the rounds it keeps, and each line it printed from them
+    files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "benchmarks").glob("*.kept.json"))
+    assert len(files) >= 6, files
+    for path in files:
+        record = kept(path)
+        summaries, lines = reprinted(path, record)
+        assert len(lines) >= 2, f"{path}: no benchmark of that name is known here"
+        for name, (saved, made) in summaries.items():
+            assert saved == made, f"{path}: its {name} is not what its own rounds give"
+        printed = record["printed"]
+        missing = [line for line in lines if line not in printed]
+        assert not missing, f"{path}: printed otherwise than its own measurements give: {missing}"
+
+
+def test_the_readmes_sample_report_is_its_kept_job_judged_again_times_and_all():
+    # the README shows what its check printed, its times too; the job that printed it is kept
+    # (tests/readme_report_job/), and judged again it prints the same, all but the job's folder
+    from test_check_ddp import README_JOB, README_REPORT, load_tool, normalised
+
+    tool = load_tool()
+    record = "python tests/record_check_ddp_jobs.py --readme"
+    assert tool.Job.made_by(README_JOB) == (tool.FORMAT, tool.recorder()), (
+        f"recorded by another version: {record}"
+    )
+    job = tool.Job.load(README_JOB)
+    _, shown = README_REPORT.search(README.read_text()).groups()
+    assert normalised(shown) == normalised(tool.report(job, tool.judge(job))), (
+        f"the README's sample report is not its kept job's: {record}"
+    )
+
+
 # The suite's own times ----------------------------------------------------------------------------------
 
 
@@ -106,6 +246,25 @@ def test_the_kept_runs_of_the_suite_passed_skipped_only_gpu_tests_and_ran_every_
         assert not failed, f"{kept}: a run that failed: {failed}"
         # tests/README.md: nothing skips but the GPU set, where there is no GPU
         assert all("GPU" in skip for skip in run["skips"]), f"{kept} skipped: {run['skips']}"
+
+
+def test_the_kept_runs_of_the_suite_ran_todays_tests(collected):
+    # a tier's figure (its minutes, its count of tests) is of the suite as it is: for each file this
+    # session collected, the kept run of each tier ran exactly the tests it holds today (the quick
+    # tier, those not slow); a test added, renamed or removed since needs the tiers run again
+    files = {nodeid.partition("::")[0] for nodeid, _ in collected}
+    for tier in ("full", "quick"):
+        suite = ElementTree.parse(ROOT / f"tests/timings/{tier}.xml").getroot().find("testsuite")
+        ran = {
+            f"{case.get('classname').replace('.', '/')}.py::{case.get('name')}"
+            for case in suite.iter("testcase")
+        }
+        ran = {nodeid for nodeid in ran if nodeid.partition("::")[0] in files}
+        today = {nodeid for nodeid, slow in collected if tier == "full" or not slow}
+        assert ran == today, (
+            f"tests/timings/{tier}.xml is of another suite: run the tier again (tests/README.md); "
+            f"not run there: {sorted(today - ran)}; gone since: {sorted(ran - today)}"
+        )
 
 
 def suite_figures():
@@ -144,6 +303,8 @@ def traced():
     figures[TROUBLESHOOTING] = [
         f"after {nccl_default().total_seconds() / 60:.0f} minutes",  # the rows of a hang: torch's defaults
         f"after {default_pg_timeout.total_seconds() / 60:.0f} minutes",  # (test_troubleshooting.py)
+        f"Timeout(ms)={nccl_default().total_seconds() * 1000:.0f}",  # and their messages say so
+        f"Timed out waiting {default_pg_timeout.total_seconds() * 1000:.0f}ms",
     ]
     run_limit = inspect.signature(helpers.run).parameters["timeout"].default
     figures[TESTS_README] += [
@@ -263,6 +424,15 @@ def benchmark_figures():
     return figures
 
 
+def test_a_figure_is_seen_however_its_unit_is_written_and_only_an_estimate_is_excused():
+    text = "40s, 40 s, 40-s, 3.5 ms, 2 minutes, 1.5x, 12%, 20k, 1h, 90 seconds, 7,500 samples/s"
+    assert [m.group(0) for m in FIGURE.finditer(text)] == text.split(", ")
+    # a size, a count, a setting, a name are not figures
+    assert not FIGURE.findall("2 processes, 64 samples, 25 MiB, DDP305, 3 rounds, step 10, 2 x 4 GPUs")
+    assert ESTIMATE.search("An estimate: ...") and ESTIMATE.search("estimated from the specification")
+    assert not ESTIMATE.search("the overhead was underestimated") and not ESTIMATE.search("overestimates")
+
+
 def test_every_figure_a_page_states_is_read_from_a_kept_run_or_called_an_estimate():
     for page, figures in traced().items():
         text = SAMPLE_REPORT.sub("", KEPT_REGION.sub("", page.read_text()))
@@ -274,7 +444,7 @@ def test_every_figure_a_page_states_is_read_from_a_kept_run_or_called_an_estimat
         # a paragraph, a list's item or a table's row that calls itself an estimate may give figures
         # no run kept
         units = [unit for p in re.split(r"\n\s*\n", text) for unit in re.split(r"\n(?=\||- )", p)]
-        untraced = [m.group(0) for u in units if "estimate" not in u.lower() for m in FIGURE.finditer(u)]
+        untraced = [m.group(0) for u in units if not ESTIMATE.search(u) for m in FIGURE.finditer(u)]
         assert not untraced, (
             f"{page.relative_to(ROOT)}: figures no run kept, and not called estimates: {untraced}"
         )

@@ -197,9 +197,14 @@ def test_the_notebook_runs_top_to_bottom_writes_only_its_out_folder_and_shows_wh
         assert small[2] > each[2] > 0 and every_2[2] == each[2] / 2, timeline
     assert baseline == (4, 4, 0), timeline
     # your turn: the report of a conversion without set_epoch names DDP step 3 (its lines labelled
-    # "step N" or, as the README shows them, "DDP step N")
-    assert re.findall(r"^check_ddp: (ok|FAIL)\b", text, re.M) == ["FAIL"]
+    # "step N" or, as the README shows them, "DDP step N"); then the learner's script, in its cell as
+    # given, not converted: the check runs it where it saves, and fails it from DDP step 1, the cell
+    # running on
+    assert re.findall(r"^check_ddp: (ok|FAIL)\b", text, re.M) == ["FAIL", "FAIL"]
     assert re.search(r"^(DDP )?step 3 +FAIL +shard the data: rank \d drew the same order", text, re.M), text
+    yours = text[text.index("$ cd out/walkthrough\n$ python ../../check_ddp.py my_train.py") :]
+    assert re.search(r"^DDP step 1 +FAIL +init the process group: no rank called", yours, re.M), yours
+    assert (tmp_path / "out/walkthrough/ckpt.pt").is_file()  # it ran for real, in its folder
     # and the README shows the report of that same conversion: the same verdict at every step
     shown = re.search(r"<!-- check-report -->\n```text\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
     verdicts = re.compile(r"^(?:DDP )?step (\d+) +(ok|warn|FAIL|--) ", re.M)

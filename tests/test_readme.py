@@ -9,7 +9,7 @@ import shutil
 import subprocess
 from urllib.parse import unquote
 
-from helpers import ROOT, run
+from helpers import ROOT, notebook_exercise, readme_conversion, run
 
 README = (ROOT / "README.md").read_text()
 PAGES = [
@@ -229,9 +229,9 @@ def test_the_step_rules_code_is_in_train_ddp_or_the_readmes_conversion():
 
 def test_the_readmes_conversion_tags_each_line_with_the_step_the_list_gives_it():
     # each DDP step's comment in the conversion, in the order the code needs them; every step of
-    # the guide's eight but the launch (a command) is there
+    # the guide's eight but the launch (a command) is there, and the exact evaluation (DDP step 10)
     tags = [int(n) for n in re.findall(r"# DDP step (\d+)\b", conversion_diff())]
-    assert set(tags) == set(range(1, 8)), tags
+    assert set(tags) == {*range(1, 8), 10}, tags
     assert set(tags) <= set(readme_steps())
 
 
@@ -245,7 +245,8 @@ def test_every_term_the_readme_defines_is_defined_before_its_first_use():
     assert len(items) >= 8, items
     defined = {term: f"**{term}**" for item in items for term in re.findall(r"\*\*([^*]+)\*\*", item)}
     defined |= {term: f"*{term}*" for term in re.findall(r"(?<![*\w])\*([a-z][a-z -]*)\*(?![*\w])", README)}
-    text = re.sub(r"!\[[^\]]*\]", "", README)  # a picture's alt text describes the picture
+    # a picture's alt text says what the picture shows: where it stands, its words are used
+    text = README
     early = []
     for term, definition in defined.items():
         first = re.search(rf"(?<![\w-]){re.escape(term)}(e?s)?(?![\w-])", text, flags=re.I)
@@ -255,7 +256,31 @@ def test_every_term_the_readme_defines_is_defined_before_its_first_use():
     assert not early, early
 
 
+def test_the_ten_steps_are_listed_before_the_readme_names_one():
+    # "DDP step 3", "DDP steps 1 to 8" or the pattern "DDP step N": each reads as a step of the list,
+    # which must have come first
+    listed = README.index("- **DDP step 1: ")
+    named = re.search(r"DDP steps? (\d+|N)\b", README)
+    assert named.start() >= listed, f"{named.group()!r} on line {README[: named.start()].count(chr(10)) + 1}"
+
+
 # The path a learner reads ---------------------------------------------------------------------------
+
+
+def test_each_set_up_starts_from_nothing_with_the_torch_requirements_txt_pins():
+    # two starts, with a GPU and CPU only, each one block: an environment made, activated, and
+    # everything requirements.txt pins installed into it; the CPU build's torch is the version pinned
+    section = re.search(r"^## Set up\n(.*?)^## ", README, flags=re.S | re.M).group(1)
+    blocks = re.findall(r"^```bash\n(.*?)^```$", section, flags=re.S | re.M)
+    assert len(blocks) == 2, blocks
+    for block in blocks:
+        steps = ["python3 -m venv .venv", "source .venv/bin/activate", "pip install -r requirements.txt"]
+        at = [block.find(step) for step in steps]
+        assert -1 not in at and at == sorted(at), f"a start that does not set up everything:\n{block}"
+    pinned = re.search(r"^torch==(\S+)", (ROOT / "requirements.txt").read_text(), flags=re.M).group(1)
+    cpu = re.search(r"pip install torch==(\S+) --index-url https://download.pytorch.org/whl/cpu", blocks[1])
+    assert cpu and cpu.group(1) == pinned, blocks[1]
+    assert blocks[1].index("--index-url") < blocks[1].index("-r requirements.txt")  # the CPU build first
 
 
 def words_outside_code_blocks(text):
@@ -292,50 +317,11 @@ def test_the_pages_number_nothing_but_the_ddp_steps():
     assert not numbered, numbered
 
 
-# What the README's conversion leaves out (its data, model, batch size, epochs, and the unchanged
-# forward, backward and optimizer step), made concrete, so that its new side runs as a script
-PRELUDE = """import torch
-from torch.utils.data import DataLoader, TensorDataset
-
-B, epochs = 16, 2
-
-
-def make_dataset(seed):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(256, 4, generator=g)
-    return TensorDataset(x, x.sum(1, keepdim=True))
-
-
-def Model():
-    return torch.nn.Linear(4, 1)
-
-
-"""
-UNCHANGED = """x, y = x.to(device), y.to(device)
-optimizer = torch.optim.SGD(model.parameters(), lr=0.01) if "optimizer" not in globals() else optimizer
-loss = torch.nn.functional.mse_loss(model(x), y)
-optimizer.zero_grad()
-loss.backward()
-optimizer.step()"""
-
-
-def converted_script():
-    """The new side of the README's conversion, with what it leaves out filled in."""
-    lines = []
-    for line in conversion_diff().splitlines():
-        if line.startswith("-"):
-            continue
-        code = line[1:]
-        indent = code[: len(code) - len(code.lstrip())]
-        unchanged = code.strip().startswith("...")
-        lines += [indent + line for line in UNCHANGED.splitlines()] if unchanged else [code]
-    return PRELUDE + "\n".join(lines) + "\n"
-
-
 def test_the_readmes_conversion_runs_under_plain_torchrun_on_the_cpu_build(tmp_path):
-    # the device-agnostic form: no CUDA (as on torch's CPU build), so gloo on the CPU; rank 0 alone
-    # prints and saves (check_ddp.py checks its GPU path, stood in: tests/test_check_ddp.py)
-    (tmp_path / "my_train.py").write_text(converted_script())
+    # the README's conversion of the ordinary script the notebook's Your turn gives, as a learner makes
+    # it, in the device-agnostic form: no CUDA (as on torch's CPU build), so gloo on the CPU; rank 0
+    # alone prints and saves (check_ddp.py checks its GPU path, stood in: tests/test_check_ddp.py)
+    (tmp_path / "my_train.py").write_text(readme_conversion(notebook_exercise()))
     proc = run("torchrun --standalone --nproc_per_node=2 my_train.py", cwd=tmp_path)
     assert [line.split()[0] for line in proc.stdout.splitlines()] == ["0", "1"], proc.stdout
     assert (tmp_path / "ckpt.pt").is_file()

@@ -46,8 +46,10 @@ def test_importing_the_notebooks_plumbing_makes_nothing(tmp_path):
 
 
 def traces(run, drawing):
-    """A run's traces, one per rank, as the notebook reads them; and what each file is."""
+    """A run's traces, one per rank, as the notebook reads them; and what each file is. A run that
+    wrote none fails here: a test that compares no traces would pass on nothing."""
     files = sorted(run.out.glob("trace*.json"))
+    assert files, f"no trace written in {run.out}:\n{run.proc.stdout}"
     for rank, path in enumerate(files):  # Chrome's trace format, which Perfetto opens
         assert path.name == f"trace_rank{rank}.json", files
         assert isinstance(json.loads(path.read_text())["traceEvents"], list)
@@ -105,6 +107,7 @@ def test_no_sync_halves_the_all_reduces_of_the_same_backward_passes(shared_run, 
         [drawing.communication(trace) for trace in traces(shared_run(command), drawing)]
         for command in (SMALL_BUCKETS, ACCUMULATING)
     )
+    assert len(each) == len(every_2) == 2, "a trace from each of the 2 ranks of both runs"
     for k1, k2 in zip(each, every_2, strict=True):  # rank by rank
         assert k1["backward passes"] == k2["backward passes"] == 4
         assert k2["optimizer steps"] == k1["optimizer steps"] / 2 == 2

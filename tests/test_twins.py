@@ -187,6 +187,11 @@ def test_python_without_torchrun_is_a_one_process_job(tmp_path):
 
 def code_lines(path):
     """A script's lines of code: its comments, docstrings and blank lines left out."""
+    return [line for _, line in numbered_code_lines(path)]
+
+
+def numbered_code_lines(path):
+    """code_lines(path), each with its line number in the script: [(number, line), ...]."""
     source = path.read_text()
     drop, cut, previous = set(), {}, None
     for token in tokenize.generate_tokens(io.StringIO(source).readline):
@@ -203,11 +208,11 @@ def code_lines(path):
         if token.type not in (tokenize.NL, tokenize.INDENT, tokenize.DEDENT):
             previous = token
     lines = (
-        line[: cut.get(n, len(line))].rstrip()
+        (n, line[: cut.get(n, len(line))].rstrip())
         for n, line in enumerate(source.splitlines(), 1)
         if n not in drop
     )
-    return [line for line in lines if line.strip()]
+    return [(n, line) for n, line in lines if line.strip()]
 
 
 def added_code_lines(old, new):
