@@ -102,9 +102,11 @@ def train(args):
     # default takes the GPU wherever there is one, even under --device cpu).
     mesh = dist.init_device_mesh(device.type, (dist.get_world_size(),))
     # mixed precision on a GPU: the blocks compute in bfloat16, while the shards, the optimizer and
-    # the gradients' reduction stay float32; on a CPU, float32 throughout
+    # the gradients' reduction stay float32, and so does the output the loss is taken of (a bfloat16
+    # output against float32 targets fails in backward: "Found dtype Float but expected BFloat16");
+    # on a CPU, float32 throughout
     bf16 = torch.bfloat16 if device.type == "cuda" else None
-    policy = MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=torch.float32)
+    policy = MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=torch.float32, output_dtype=torch.float32)
     for block in model:
         if isinstance(block, torch.nn.Linear):
             fully_shard(block, mesh=mesh, mp_policy=policy)

@@ -225,3 +225,48 @@ def test_only_rank_0_writes_files_or_prints(tmp_path):
     assert "AUDIT rank=0 os.rename" in rank0 and "model_epoch_5.pt" in rank0
     assert rank1 == "", f"rank 1 wrote or printed:\n{rank1}"
     assert {r["backend"] for r in read_metrics(work / "out/audited")} == {"nccl"}
+
+
+# 5. FSDP2 on GPUs: nccl, bfloat16 compute with float32 reduction (FSDP step 4) ----------------
+
+
+def fsdp_on_gpus(reference, nproc):
+    launcher = f"torchrun --standalone --nproc_per_node={nproc}"
+    return reference(
+        f"{launcher} train_fsdp.py --device cuda --batch_size {64 // nproc} {FLAGS}", f"fsdp{nproc}"
+    )
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_fsdp_on_gpus_trains_as_the_baseline_does_in_bfloat16(reference, nproc):
+    """On a GPU, train_fsdp.py computes in bfloat16 (FSDP step 4's MixedPrecisionPolicy), so it cannot
+    equal the float32 baseline to the DDP proof's tolerance, as it does on a CPU: it must train as the
+    baseline does, its loss falling as the baseline's, each epoch within 5 % of it (bfloat16 keeps 8 bits
+    of mantissa: a relative error of about 0.4 % a number), and its shards gathered into the checkpoint in
+    float32, as the baseline's weights are."""
+    needs(nproc)
+    base, fsdp = gpu_baseline(reference), fsdp_on_gpus(reference, nproc)
+    records = read_metrics(fsdp)
+    assert {(r["backend"], r["device"], r["world_size"]) for r in records} == {("nccl", "cuda:0", nproc)}
+    pairs = [(x["loss"], y["loss"]) for x, y in zip(read_metrics(base), records, strict=True)]
+    print(f"losses (baseline, FSDP2 at N = {nproc}): {pairs}")
+    assert all(abs(x - y) <= 0.05 * x for x, y in pairs), pairs
+    assert pairs[-1][1] < pairs[0][1], "the loss did not fall"
+    weights = load_checkpoint(fsdp / "model_epoch_4.pt")
+    assert {t.dtype for t in weights["model_state_dict"].values()} == {torch.float32}
+    diff = max_weight_diff(load_checkpoint(base / "model_epoch_4.pt"), weights)
+    print(f"largest weight difference from the baseline: {diff:.2e}")
+
+
+def test_an_fsdp_checkpoint_saved_on_a_gpu_resumes_in_ddp_on_the_cpu(work, reference):
+    """The FSDP2 twin gathers its shards into train_ddp.py's checkpoint format (FSDP step 6): saved on a
+    GPU, it resumes in the DDP twin on the CPU, at its next epoch."""
+    saved = fsdp_on_gpus(reference, 1)
+    assert saved_on(saved / "model_epoch_2.pt") == {"cpu"}  # gathered with cpu_offload: on the CPU
+    on_cpu = "torchrun --standalone --nproc_per_node=2 train_ddp.py --device cpu --batch_size 32"
+    run(
+        f"{on_cpu} {FLAGS} --resume {saved.name}/model_epoch_2.pt --out_dir fsdp_to_cpu",
+        cwd=work,
+        env=gpu_env(),
+    )
+    assert [r["epoch"] for r in read_metrics(work / "fsdp_to_cpu")] == [3, 4]
