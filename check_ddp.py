@@ -558,6 +558,8 @@ SCHEMA = {
     # its class, its parameters (the rank's local shards: their count, and their values summed, as
     # sharded, before training), over how many ranks
     "shard": ("at", "how", "module", "parameters", "local", "ranks", "devices"),
+    # an optimizer made, where (the script's line that made it), and how many tensors it steps
+    "optim": ("at", "tensors"),
     "step": ("n", "backward", "synced", "forward", "items", "loader"),
     # step 10: the first forward without gradients since the last optimizer step (through the DDP
     # model, or the model it wraps), and the loader that gave the last batch
@@ -1003,6 +1005,7 @@ PRIVATE = (
     "torch.utils.data.dataloader._BaseDataLoaderIter#_dataset_kind",
     "torch.nn.parallel.DistributedDataParallel#require_backward_grad_sync",
     "torch._dynamo.eval_frame.OptimizedModule#_orig_mod",
+    "torch.distributed.fsdp.FullyShardedDataParallel#_fsdp_wrapped_module",
 )
 
 
@@ -1644,6 +1647,19 @@ def after_step(w, optimizer, args, kwargs):
             last=state["last"],
         )
     state.update(backward=0, synced=0, forward=0, prepared=0, last=None, items={}, evaluating=False)
+
+
+@watches("torch.optim.Optimizer", "__init__", step=4, label="an optimizer made")
+def optimizer_init(original, w, _):
+    def optimizer_init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        with Quietly(w):
+            at = where()  # the script's line that made it (its class's __init__ is torch's)
+            if at is not None and not w.of.get(self):
+                w.of.set(self, True)
+                w.rec.add("optim", at=at, tensors=sum(len(g["params"]) for g in self.param_groups))
+
+    return optimizer_init
 
 
 # FSDP: a model sharded, what goes through it, and the full state dict gathered
@@ -4162,7 +4178,9 @@ def where_each_was(f):
 def unmatched_text(f):
     i, calls = f.unmatched_collective
     said = [
-        f"rank {r} called dist.{c['name']}() at {f.code(c['at'])}" if c else f"rank {r} called none"
+        f"rank {r} called {'dist.' * (c['name'] in COLLECTIVES)}{c['name']}() at {f.code(c['at'])}"
+        if c
+        else f"rank {r} called none"
         for r, c in sorted(calls.items())
     ]
     return f"the ranks' {ordinal(i + 1)} collectives differ: " + "; ".join(said)
@@ -5027,9 +5045,13 @@ def sharded_model_never_changed(f):
     if sharded_unchanged(f):
         e = f.job.records("shard")[-1][1]
         steps = max((x["steps"] for _, x in f.job.records("exit")), default=0)
+        events = f.job.ranks[min(f.job.ranks)]
+        sharded_at = max(i for i, x in enumerate(events) if x["e"] == "shard")
+        before = [x for x in events[:sharded_at] if x["e"] == "optim"]
+        made = f" the optimizer made at {f.code(before[0]['at'])}, before sharding," if before else ""
         return Found(
             f"after {plural(steps, 'optimizer step')}, no rank's shards of the model sharded at "
-            f"{f.code(e['at'])} changed: the optimizer steps parameters the model no longer uses"
+            f"{f.code(e['at'])} changed:{made} steps parameters the model no longer uses"
         )
     return None
 

@@ -68,9 +68,9 @@ def main():
         dist.all_reduce(totals)
         dist.all_reduce(val)
         if rank == 0:
-            state = get_model_state_dict(
+            state = get_model_state_dict(  # check_ddp: here
                 model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
-            )  # check_ddp: here
+            )
             loss, val_loss = (totals[0] / totals[1]).item(), (val[0] / val[1]).item()
             print(f"epoch {epoch}: loss {loss:.4f}, val {val_loss:.4f}")
             torch.save({"model": state, "epoch": epoch + 1}, "fsdp_model.pt")
