@@ -8,7 +8,7 @@ DDP step 8: launch with torchrun. It starts one copy of this script per process
     python train_ddp.py        # without torchrun: a one-process job
 
 Several nodes: see docs/multi-node.md. The same command runs on CPUs (gloo), and is
-written for GPUs (nccl), though no GPU has run it yet. Read it next to its single-process
+written for GPUs (nccl): one GPU has run it, several not yet. Read it next to its single-process
 twin, single_gpu_baseline.py: `diff -u single_gpu_baseline.py train_ddp.py` shows the
 conversion, each hunk (a block of changed lines) naming its DDP step; what not every
 conversion needs says "optional". The guide's skeleton comes first (setup, cleanup,

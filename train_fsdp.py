@@ -8,7 +8,7 @@ DDP step 8: launch with torchrun. It starts one copy of this script per process
     python train_fsdp.py        # without torchrun: a one-process job
 
 Several nodes: see docs/multi-node.md. The same command runs on CPUs (gloo), and is
-written for GPUs (nccl), though no GPU has run it yet. Read it next to its DDP twin,
+written for GPUs (nccl): one GPU has run it, several not yet. Read it next to its DDP twin,
 train_ddp.py: `diff -u train_ddp.py train_fsdp.py` shows what FSDP2 changes, each hunk
 naming its FSDP step, numbered as the DDP step it replaces (docs/fsdp.md): FSDP step 4:
 shard the model; FSDP step 6: checkpoint: gather on every rank, write on rank 0; FSDP
