@@ -170,6 +170,36 @@ def reprinted(path, record):
             lines.append(f"{row} {made['meaning'][key]} |")
         lines += [textwrap.fill(line, width=88, subsequent_indent="  ") for line in made["explained"]]
         lines.append(f"in {record['minutes']:.1f} minutes")
+    elif name == "memory":  # benchmarks/memory.py's table, made again from the bytes and times it kept
+
+        def mib(size):
+            return f"{size / 2**20:.2f}"
+
+        def largest(case):
+            return max(case["ranks"], key=lambda rank: sum(rank.values()))
+
+        def summary(values):
+            text = f"{statistics.median(values):.1f}"
+            return text if len(values) == 1 else f"{text} ({min(values):.1f} to {max(values):.1f})"
+
+        cases = {f"{case['script']} N={case['nproc']}": case for case in record["cases"]}
+        ratios = {}
+        for case in record["cases"]:
+            held, ddp = largest(case), cases.get(f"DDP N={case['nproc']}")
+            ratio = (
+                sum(held.values()) / sum(largest(ddp).values()) if ddp and case["script"] == "FSDP2" else None
+            )
+            if ratio is not None:
+                ratios[case["nproc"]] = ratio
+            shown = f"{ratio:.2f}x" if ratio is not None else ""
+            lines.append(
+                f"| {case['script']} | {case['nproc']} | {mib(held['params'])} | {mib(held['grads'])} | "
+                f"{mib(held['state'])} | {mib(sum(held.values()))} | {shown} | {summary(case['step_ms'])} |"
+            )
+        lines.append(
+            "FSDP2's parameters, gradients and optimizer state a rank, against DDP's: "
+            + ", ".join(f"{ratio:.2f}x at N={n}" for n, ratio in ratios.items())
+        )
     # the line every kept file ends with: when, where, and under what load
     load = record["load_average"]
     lines.append(

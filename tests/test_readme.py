@@ -322,6 +322,10 @@ def test_the_readmes_conversion_runs_under_plain_torchrun_on_the_cpu_build(tmp_p
     # it, in the device-agnostic form: no CUDA (as on torch's CPU build), so gloo on the CPU; rank 0
     # alone prints and saves (check_ddp.py checks its GPU path, stood in: tests/test_check_ddp.py)
     (tmp_path / "my_train.py").write_text(readme_conversion(notebook_exercise()))
-    proc = run("torchrun --standalone --nproc_per_node=2 my_train.py", cwd=tmp_path)
+    proc = run("torchrun --standalone --nproc_per_node=2 my_train.py", cwd=tmp_path, expect=None)
+    # torch 2.13 may abort a gloo worker as Python shuts down, after the script's last line (pytorch/
+    # pytorch#190489; docs/troubleshooting.md has its row): seen here under load, once in three runs
+    ended = proc.returncode == 0 or "terminate called without an active exception" in proc.stderr
+    assert ended, f"exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
     assert [line.split()[0] for line in proc.stdout.splitlines()] == ["0", "1"], proc.stdout
     assert (tmp_path / "ckpt.pt").is_file()
