@@ -2122,7 +2122,8 @@ def write_exit(w):
         eval_inputs=[float(x) for x in torch.stack(w.eval_inputs).tolist()] if w.eval_inputs else [],
         empty=sorted({path for path, _, how in w.written if how != "os.mkdir" and is_empty(path)}),
         files=own_files(w),
-        sharded=next((local_sum(m) for m in (ref() for ref in reversed(w.sharded)) if m is not None), None),
+        # the last sharded model's parameters as held (kept alive by w.weights, the model freed or not)
+        sharded=sum(float(local(p).double().sum()) for p in w.weights) if w.sharded else None,
     )
 
 
