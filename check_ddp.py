@@ -3236,9 +3236,19 @@ def consequences(lines):
     launch = next(
         (x for x in lines if x.verdict == "FAIL" and rule_of(x) and rule_of(x).launch == "root"), None
     )
-    for x in lines if launch else ():
-        if x.verdict in ("FAIL", "warn") and rule_of(x).launch == "follows" and x.step not in roots:
-            roots[x.step] = (launch, "")
+    if launch:  # the launch is the cause of what follows from it, and of what those findings say follows
+        followers = {
+            x.step
+            for x in lines
+            if x.verdict in ("FAIL", "warn") and rule_of(x) and rule_of(x).launch == "follows"
+        }
+        roots = {
+            step: (line, text)
+            for line in lines
+            if line.step not in followers
+            for step, text in (line.follows or {}).items()
+        }
+        roots |= {step: (launch, (launch.follows or {}).get(step, "")) for step in followers}
     out = []
     for line in lines:
         root = roots.get(line.step)
@@ -3842,6 +3852,22 @@ class Source:
             if isinstance(target, ast.Name) and target.id in used
         }
 
+    def identifiers(self, pattern):
+        """The names the script's code uses (variables, attributes, arguments, its options' names) that
+        match pattern, sorted: what it calls things, not what its comments or strings say."""
+        found = set()
+        for path in self.job.sources:
+            for node in ast.walk(self.tree(path) or ast.Module([], [])):
+                name = (
+                    node.id if isinstance(node, ast.Name)
+                    else node.attr if isinstance(node, ast.Attribute)
+                    else node.arg if isinstance(node, ast.arg)
+                    else None
+                )  # fmt: skip
+                if name and re.search(pattern, name, re.I):
+                    found.add(name)
+        return sorted(found)
+
     def line(self, at):
         """The text of the line at file:line, or "" where the job has no such line."""
         path, _, n = at.rpartition(":")
@@ -4384,8 +4410,10 @@ def no_process_group(f):
         return None
     if (f.crash or job.records("spawn") or job.hung or job.returncode) and not job.records("step"):
         return None  # stopped before it could have made one: not checked
+    # the first step of a conversion: what a script that makes no group does apart follows from it
     return Found(
-        f"no rank called dist.init_process_group(): each of the {len(job.ranks)} processes trained alone"
+        f"no rank called dist.init_process_group(): each of the {len(job.ranks)} processes trained alone",
+        follows={step: "" for step in (3, 4, 5, 6, 8, 10)},
     )
 
 
@@ -5915,9 +5943,12 @@ def never_asks_who_it_is(f):
         return None
     if any(e["key"] in ("RANK", "LOCAL_RANK", "WORLD_SIZE") and e["found"] for _, e in job.records("read")):
         return None
+    numbered = f.source.identifiers(r"rank|world_size|num_replicas|nodes?$|^nr$")
+    if not numbered:  # no notion of processes at all: a script not converted yet, DDP step 1's (DDP104)
+        return None
     return Found(
         f"none of the {len(job.ranks)} processes read RANK, LOCAL_RANK or WORLD_SIZE, nor made a process "
-        "group: each ran the whole job as if alone"
+        f"group: each ran the whole job as if alone, numbered by the script's own {', '.join(numbered[:3])}"
     )
 
 

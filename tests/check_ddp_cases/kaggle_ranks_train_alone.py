@@ -1,12 +1,12 @@
-# check_ddp: exit 1, FAIL step 1 DDP104, FAIL step 4 DDP403
+# check_ddp: exit 1, FAIL step 1 DDP104
 """A notebook-turned-script of the competition kind, half converted: it reads who it is from torchrun
 (RANK, WORLD_SIZE, LOCAL_RANK), takes its own rows of the data by rank, and trains.
 
     torchrun --standalone --nproc_per_node=2 kaggle_ranks_train_alone.py
 
-Mistake: no process group is made, and the model is not wrapped: the two processes never exchange a
-thing. Each trains a model of its own on half the rows, and rank 0 saves its half-trained model as the
-job's.
+Mistake: no process group is made (DDP step 1), and so nothing can wrap the model: the two processes
+never exchange a thing. Each trains a model of its own on half the rows, and rank 0 saves its
+half-trained model as the job's. What the ranks do apart (no DDP, no metric reduced) follows from it.
 """
 
 import os
