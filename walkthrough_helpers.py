@@ -1,7 +1,7 @@
 """The plumbing of walkthrough.ipynb, kept out of the lesson's way: run a command as a terminal would,
-show one DDP step's lines of train_ddp.py, read and plot what the runs wrote, measure throughput,
-(with traces.py) read and draw the traces that --profile writes, and draw figures/ddp.png, the
-picture the README and the notebook open with:
+show one DDP step's lines of train_ddp.py, read and plot what the runs wrote, plot what a rank holds
+in benchmarks/memory.py's kept run, measure throughput, (with traces.py) read and draw the traces
+that --profile writes, and draw figures/ddp.png, the picture the README and the notebook open with:
 
     python walkthrough_helpers.py      # redraws figures/ddp.png
 
@@ -243,6 +243,42 @@ def plot_losses(baseline, runs, keys, title):
         ax.legend()
     fig.suptitle(title)
     fig.tight_layout()
+    return fig
+
+
+def plot_memory(kept):
+    """What a rank holds in a kept run of benchmarks/memory.py (the JSON file kept): its parameters,
+    gradients and optimizer state, for DDP and FSDP2 at each N, as the benchmark counts them (the rank
+    that holds the most); bars of MiB, then a line per N and where the figures come from. Nothing is
+    measured here: the file is read."""
+    record = json.loads(Path(kept).read_text())
+    held = {  # bytes, the rank that holds the most: FSDP2's last layer, of one row, is one rank's
+        (case["script"], case["nproc"]): max(sum(rank.values()) for rank in case["ranks"])
+        for case in record["cases"]
+    }
+    counts = sorted(n for script, n in held if script == "FSDP2" and ("DDP", n) in held)
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    for i, script in enumerate(("DDP", "FSDP2")):
+        x = [k + (i - 0.5) * 0.38 for k in range(len(counts))]
+        mib = [held[script, n] / 2**20 for n in counts]
+        ax.bar(x, mib, 0.36, color=("0.6", "tab:purple")[i], label=script)
+        for xi, m in zip(x, mib, strict=True):
+            ax.text(xi, m, f"{m:.2f}", ha="center", va="bottom", fontsize=8)
+    ax.set(
+        xticks=range(len(counts)),
+        xticklabels=[f"N={n}" for n in counts],
+        ylabel="MiB a rank",
+        ylim=(0, 1.3 * max(held.values()) / 2**20),  # room for the legend above the bars
+        title="parameters, gradients and optimizer state a rank",
+    )
+    ax.legend()
+    fig.suptitle(f"benchmarks/memory.py, kept {record['date']}", fontsize=10)
+    fig.tight_layout()
+    print(f"the kept run of benchmarks/memory.py, {record['date']}: {record['label']}")
+    for n in counts:
+        ddp, fsdp = held["DDP", n], held["FSDP2", n]
+        shares = f"DDP {ddp / 2**20:.2f} MiB a rank, FSDP2 {fsdp / 2**20:.2f} MiB: {fsdp / ddp:.2f}x DDP's"
+        print(f"N={n}: {shares}")
     return fig
 
 

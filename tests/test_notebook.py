@@ -1,6 +1,7 @@
 """The workshop notebook runs top to bottom as an attendee's would, writes nothing outside its
 out/ folder, and is committed without outputs."""
 
+import json
 import os
 import re
 import shutil
@@ -29,6 +30,7 @@ def notebook_packages():
 
 
 NOTEBOOK = ROOT / "walkthrough.ipynb"
+MEMORY_KEPT = "benchmarks/memory.kept.json"  # what FSDP2's section shows of a rank's memory
 
 
 def read_notebook():
@@ -61,11 +63,13 @@ def execute(notebook, folder, **settings):
 
 
 def copy_project(dest):
-    """What the notebook reads: itself, its helpers (and traces.py), the twin scripts, the checker and
-    the pitfalls."""
+    """What the notebook reads: itself, its helpers (and traces.py), the twin scripts, the checker, the
+    pitfalls, and the memory benchmark's kept run."""
     shutil.copy(NOTEBOOK, dest / NOTEBOOK.name)
     for helper in ("walkthrough_helpers.py", "traces.py"):
         shutil.copy(ROOT / helper, dest / helper)
+    (dest / "benchmarks").mkdir()
+    shutil.copy(ROOT / MEMORY_KEPT, dest / MEMORY_KEPT)
     shutil.copy(ROOT / "check_ddp.py", dest / "check_ddp.py")
     shutil.copytree(ROOT / "pitfalls", dest / "pitfalls", ignore=shutil.ignore_patterns("__pycache__"))
     return copy_scripts(dest)
@@ -77,6 +81,17 @@ def files(folder):
 
 def outputs(cell):
     return "".join(output.get("text", "") for output in cell.get("outputs", []))
+
+
+def section(notebook, heading):
+    """The code cells under the notebook's `## heading`, down to the next `## `."""
+    cells, inside = [], False
+    for cell in notebook.cells:
+        if cell.cell_type == "markdown" and re.search(r"^## ", cell.source, re.M):
+            inside = bool(re.search(rf"^## {re.escape(heading)}\b", cell.source, re.M))
+        elif inside and cell.cell_type == "code":
+            cells.append(cell)
+    return cells
 
 
 def plumbing_cell():
@@ -112,16 +127,24 @@ def markdown_of(notebook):
 
 
 def test_the_notebook_reads_in_the_lessons_order_and_length():
-    # the ten DDP steps, then your turn, then what is not the conversion (how fast, in time,
-    # pitfalls); its prose at most 2,000 words
+    # the ten DDP steps, then your turn, then FSDP2, the DDP twin's own twin, then what is not the
+    # conversion (how fast, in time, pitfalls); its prose at most 2,000 words
     markdown = markdown_of(read_notebook())
     headings = [heading for text in markdown for heading in re.findall(r"^## (.+)$", text, flags=re.M)]
     turn = next(i for i, heading in enumerate(headings) if heading.startswith("Your turn"))
     assert headings[turn - 1] == "DDP step 10: evaluate exactly", headings
     after = [heading.split(":")[0] for heading in headings[turn + 1 :]]
-    assert after[:2] == ["How fast", "What DDP does in time"], headings
+    assert after[:3] == ["FSDP2", "How fast", "What DDP does in time"], headings
     words = sum(len(text.split()) for text in markdown)
     assert words <= 2000, f"the notebook's prose is {words} words"
+    # an FSDP step it names is docs/fsdp.md's, by its number and its name
+    from test_readme import FSDP_STEP
+
+    steps = {n: name.replace("`", "") for n, name in FSDP_STEP.findall((ROOT / "docs/fsdp.md").read_text())}
+    prose = re.sub(r"\s+", " ", "\n".join(markdown))
+    named = [(m[1], prose[m.end() : m.end() + 80]) for m in re.finditer(r"FSDP step (\d+)", prose)]
+    assert named, "the notebook names no FSDP step"
+    assert all(n in steps and text.startswith(f": {steps[n]}") for n, text in named), (named, steps)
 
 
 def test_the_notebooks_links_lead_to_files_and_their_headings():
@@ -196,6 +219,54 @@ def test_the_notebook_runs_top_to_bottom_writes_only_its_out_folder_and_shows_wh
         assert each[:2] == small[:2] == (4, 4) and every_2[:2] == (4, 2), timeline
         assert small[2] > each[2] > 0 and every_2[2] == each[2] / 2, timeline
     assert baseline == (4, 4, 0), timeline
+    # FSDP2's section, each of its cells drawing a figure: train_fsdp.py run as DDP step 8's twin, with
+    # --profile, its losses on the baseline's curve, drawn from that run
+    fsdp = section(notebook, "FSDP2")
+    assert len(fsdp) == 3 and all(
+        any("image/png" in output.get("data", {}) for output in cell.outputs) for cell in fsdp
+    ), [outputs(cell) for cell in fsdp]
+    said = "".join(map(outputs, fsdp))
+    command = "torchrun --standalone --nproc_per_node=2 train_fsdp.py --batch_size=32 --profile"
+    assert f"$ {command} --out_dir=out/walkthrough/fsdp\n" in said, said
+    assert (tmp_path / "out/walkthrough/fsdp/trace_rank1.json").is_file()
+    fsdp_gaps = re.findall(
+        r"^FSDP2 at N=2 against the baseline: largest per-epoch difference, (\S+) loss (\S+)$", said, re.M
+    )
+    assert [name for name, _ in fsdp_gaps] == ["training", "held-out"], said
+    assert all(float(gap) <= 1e-5 for _, gap in fsdp_gaps), fsdp_gaps  # the FSDP proof's tolerance: one curve
+    # what a rank holds: the memory benchmark's kept run, its every figure as the file has it; and as
+    # the prose says, DDP's the same at every N, FSDP2's about 1/N of it
+    kept = json.loads((ROOT / MEMORY_KEPT).read_text())
+    held = {(c["script"], c["nproc"]): max(sum(r.values()) for r in c["ranks"]) for c in kept["cases"]}
+    nprocs = sorted(n for script, n in held if script == "FSDP2")
+    assert f"the kept run of benchmarks/memory.py, {kept['date']}: {kept['label']}\n" in said, said
+    figures = re.findall(r"^N=(\d): DDP (\S+) MiB a rank, FSDP2 (\S+) MiB: (\S+)x DDP's$", said, re.M)
+    assert figures == [
+        (
+            str(n),
+            f"{held['DDP', n] / 2**20:.2f}",
+            f"{held['FSDP2', n] / 2**20:.2f}",
+            f"{held['FSDP2', n] / held['DDP', n]:.2f}",
+        )
+        for n in nprocs
+    ], figures
+    assert nprocs == [1, 2, 4] and len({held["DDP", n] for n in nprocs}) == 1, held
+    assert all(held["FSDP2", n] <= 1.05 * held["DDP", n] / n for n in nprocs), held
+    # its trace beside DDP step 8's run: DDP all-reduces; FSDP2 never does, and each step each of the 3
+    # layers all-gathers its weights in forward and again in backward, and reduce-scatters its gradients
+    (traced,) = [outputs(cell) for cell in fsdp if "print_communication(" in cell.source]
+    panels = re.findall(r"^(\S.*)\n((?:  rank .*\n)+)", traced, re.M)
+    assert [title.split(",")[0] for title, _ in panels] == ["DDP", "FSDP2"], traced
+    each = (
+        r"(\d+) backward passes, (\d+) optimizer steps, (\d+) all-reduces"
+        r".*?(?:, (\d+) all-gathers, (\d+) reduce-scatters)?$"
+    )
+    ddp, sharded = (
+        [tuple(int(x or 0) for x in c) for c in re.findall(each, ranks, re.M)] for _, ranks in panels
+    )
+    assert len(ddp) == len(sharded) == 2, traced
+    assert all(steps[:2] == (4, 4) and steps[2] > 0 and steps[3:] == (0, 0) for steps in ddp), traced
+    assert sharded == [(4, 4, 0, 2 * 3 * 4, 3 * 4)] * 2, traced
     # your turn: the report of a conversion without set_epoch names DDP step 3 (its lines labelled
     # "step N" or, as the README shows them, "DDP step N"); then the learner's script, in its cell as
     # given, not converted: the check runs it where it saves, and fails it from DDP step 1, the cell
