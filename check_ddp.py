@@ -2155,7 +2155,7 @@ def own_files(w):
     found = set()
     for module in list(sys.modules.values()):
         path = getattr(module, "__file__", None)
-        if isinstance(path, str) and path.endswith(".py") and is_users(path):
+        if isinstance(path, str) and path.endswith(".py") and is_users(path) and os.path.isfile(path):
             real = os.path.realpath(path)
             if not real.startswith(w.folder):  # this check's own sitecustomize
                 found.add(os.path.relpath(real))
