@@ -3160,7 +3160,9 @@ def judge(job):
             else x
             for x in last
         ]
-    return sorted([*kept.values(), *last], key=in_order)
+    # one cause, one FAIL, over the lines of every run: a stopper kept from the first run may follow
+    # from a launch of the script's own that the run again still shows
+    return consequences(sorted([*kept.values(), *last], key=in_order))
 
 
 def judge_one(job):
@@ -3177,7 +3179,7 @@ def judge_one(job):
         if found is not None and not silenced(facts, code, found, found.step):
             line = finding(RULES[code], found, step=found.step)
             facts.lines = [old for old in facts.lines if old.step != line.step] + [line]
-    return consequences(sorted(facts.lines, key=in_order))
+    return sorted(facts.lines, key=in_order)  # as found: judge() says what follows from what
 
 
 def judge_step(facts, step):
