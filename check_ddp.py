@@ -4832,7 +4832,7 @@ def shards_of_a_pass(f, drawn, length):
     stream indices), its consecutive windows of one epoch's share each, the data's size / N."""
     size = length or len(set().union(*map(set, drawn.values())))
     share = -(-size // max(1, f.world))
-    if not share or max(map(len, drawn.values())) <= share + f.world:
+    if not share or max(map(len, drawn.values())) <= size + f.world:  # no more than the data: an epoch
         return [{r: set(d) for r, d in drawn.items()}]
     windows = min(len(d) for d in drawn.values()) // share
     return [{r: set(d[k * share : (k + 1) * share]) for r, d in drawn.items()} for k in range(windows)]

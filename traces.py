@@ -147,8 +147,14 @@ def read_trace(path):
 
 
 def read_traces(out_dir):
-    """The traces that a run's processes wrote into out_dir, in rank order."""
-    return sorted(map(read_trace, Path(out_dir).glob("trace_rank*.json")), key=lambda trace: trace["rank"])
+    """The traces that a run's processes wrote into out_dir, in rank order; a folder with none is a
+    mistake said plainly (a run without --profile, or another run's folder), not an empty picture."""
+    found = sorted(map(read_trace, Path(out_dir).glob("trace_rank*.json")), key=lambda trace: trace["rank"])
+    if not found:
+        raise FileNotFoundError(
+            f"{out_dir} holds no trace_rank*.json: run with --profile into that --out_dir"
+        )
+    return found
 
 
 def union(intervals):
