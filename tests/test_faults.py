@@ -361,7 +361,8 @@ def with_fault_off(kind, folder):
         command, cwd=ROOT, env=dict(os.environ, FAULT_OFF=kind), capture_output=True, text=True, timeout=900
     )
     cases = ElementTree.parse(report).getroot().iter("testcase") if report.exists() else []
-    failures = {case.get("name"): case.find("failure") for case in cases}
+    # by module and name: two files may hold a test of one name (DDP's and FSDP's kill test)
+    failures = {f"{case.get('classname')}::{case.get('name')}": case.find("failure") for case in cases}
     return proc, {
         name: None if failure is None else failure.get("message") for name, failure in failures.items()
     }
