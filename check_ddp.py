@@ -615,6 +615,8 @@ OPTIONAL = {
     "save": {"unsafe": None, "unsafe_at": None},
     # a file loaded: whether its folder is one anyone on the machine may write to (/tmp, say)
     "load": {"shared": None},
+    # a DataLoader over a Subset (a split): a fingerprint of the samples of its dataset it holds
+    "loader": {"subset": None},
     # a GPU the stand-in refused, as CUDA or torch would: "negative" (a negative index), "past_node" (one
     # the node lacks: "invalid device ordinal"), "invalid" (a device torch.device() cannot parse)
     "gpu": {"refused": None},
@@ -791,24 +793,28 @@ def called_by_user():
     return frame is not None and is_users(frame.f_code.co_filename)
 
 
+# the files torch runs while it compiles, and only then: dynamo's frame conversion, inductor's compilation,
+# AOT autograd's (the backward's graph, compiled at the first backward)
+COMPILING = re.compile(
+    r"torch[/\\](_dynamo[/\\]convert_frame|_inductor[/\\](compile_fx|codecache|graph)|_functorch[/\\]_aot_autograd)"
+)
+
+
 def main_thread_position(main):
     """(the watched call the main thread is in, or None; the script's lines it came from, innermost
     first; the innermost frame, which moves while it computes; whether torch is compiling)."""
     frame = sys._current_frames().get(main)
-    call, stack, inner, compiling, depth = None, [], place(frame) if frame else None, False, 0
+    call, stack, inner, compiling = None, [], place(frame) if frame else None, False
     while frame is not None:
         if call is None and not stack and frame.f_code in CALL_OF_CODE:
             call = CALL_OF_CODE[frame.f_code]
         if is_users(frame.f_code.co_filename):
             stack.append(place(frame))
-        # compiling: torch's compiler among the innermost frames, at work (not a wrapper of its on the way,
-        # as torch.compiler.disable's around FSDP's hooks, under a collective that waits)
-        compiling = (
-            compiling
-            or depth < 8
-            and re.search(r"torch[/\\]_(dynamo|inductor)[/\\]", frame.f_code.co_filename)
-        )
-        frame, depth = frame.f_back, depth + 1
+        # compiling: torch's compiler at work, its compile paths on the stack (not a wrapper of its on the
+        # way, as torch.compiler.disable's around DDP's forward and FSDP's hooks, over a collective that
+        # waits: a hang that looked busy for ever)
+        compiling = compiling or COMPILING.search(frame.f_code.co_filename)
+        frame = frame.f_back
     del frame
     return call, stack[:8], inner, bool(compiling)
 
@@ -1324,6 +1330,7 @@ def describe_loader(w, loader, DistributedSampler):
         offset = indices if offset is None else [offset[i] for i in indices]
         dataset = dataset.dataset
     info["indices"] = offset
+    subset = fingerprint(offset) if offset is not None else None  # which of the dataset's samples
     mapped = attribute(loader, "_dataset_kind") == 0
     torchs = mapped and chain and all(is_torchs(s) for s in chain)
     return dict(
@@ -1335,6 +1342,7 @@ def describe_loader(w, loader, DistributedSampler):
         length=length_of(dataset) if torchs or (mapped and is_torchs(dataset)) else stored_length(dataset),
         batches=length_of(loader) if torchs else None,
         data=dataset_fingerprint(dataset),
+        **({"subset": subset} if subset is not None else {}),
         sampler=type(sampler).__name__,
         distributed=distributed is not None
         and {
@@ -4731,14 +4739,19 @@ def own_parts(loader):
     return (len(data) > 1 and None not in data) or (len(lengths) > 1 and None not in lengths)
 
 
-def datasets_differ(f, loader):
-    """The ranks whose copies of the loader's dataset differ, and the message saying so; or None."""
+def datasets_differ(f, loader, splits=False):
+    """The ranks whose copies of the loader's dataset differ, and the message saying so; or None. With
+    splits, a Subset of one dataset drawn apart on each rank (random_split seeded by rank) is a dataset
+    of its own on each (a split by rank on purpose is another Subset on each too: splits is for a
+    sampler that assumes one dataset, DistributedSampler)."""
     made = loader["made"]
-    data = {r: e["data"] for r, e in made.items()}
-    if len(set(data.values())) > 1 and None not in data.values():
+    data = {r: (e["data"], e["subset"] if splits else None) for r, e in made.items()}
+    if len(set(data.values())) > 1 and None not in (d for d, _ in data.values()):
         at = next(iter(made.values()))["at"]
+        split = len({d for d, _ in data.values()}) == 1  # one dataset, split apart on each rank
+        what = "the split (the Subset) of one dataset" if split else "the data"
         return (
-            f"the ranks built different datasets: the data of the DataLoader at {f.code(at)} differs "
+            f"the ranks built different datasets: {what} under the DataLoader at {f.code(at)} differs "
             f"between {ranks_text(sorted(data))}"
         )
     return None
@@ -4760,7 +4773,7 @@ def different_datasets_sampled(f):
     never seen, others twice. Seed the data alike on every rank, or build it once and share it.
     """
     for loader in f.training_loaders.values():
-        message = datasets_differ(f, loader)
+        message = datasets_differ(f, loader, splits=True)
         if message and next(iter(loader["made"].values()))["distributed"]:
             return Found(message + ", and DistributedSampler assumes it is the same on every rank")
     return None
@@ -4788,7 +4801,9 @@ def overlapping_shards(f):
         some = next(iter(loader["made"].values()))
         for n in range(min(len(p) for p in passes.values())):
             drawn = {r: p[n] for r, p in passes.items()}
-            if drawn_as_shares(drawn, some["length"], f.world):
+            # shares that overlap by design are a sampler of the script's own's (torch's DistributedSampler
+            # deals disjoint shards of one dataset: where its shards overlap, the datasets differ)
+            if not some["distributed"] and drawn_as_shares(drawn, some["length"], f.world):
                 continue
             for k, sets in enumerate(shards_of_a_pass(f, drawn, some["length"])):
                 ranks = sorted(sets)
@@ -4953,7 +4968,11 @@ def step_3_summary(f):
         how = "DistributedSampler" if some["distributed"] else some["sampler"]
         first = {r: p[0] for r, p in passes.items() if p}
         shared = max((len(set(a) & set(b)) for a, b in itertools.combinations(first.values(), 2)), default=0)
-        if shared > f.world - 1 and drawn_as_shares(first, some["length"], f.world):
+        if (
+            shared > f.world - 1
+            and not some["distributed"]
+            and drawn_as_shares(first, some["length"], f.world)
+        ):
             detail = (
                 f"{how}: shares of {longest} draws a rank that overlap by the sampler's design, each rank's "
                 "its own (repeated augmentation: each copy augmented anew)"
