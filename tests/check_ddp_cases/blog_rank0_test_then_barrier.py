@@ -50,8 +50,8 @@ def main():
         model.eval()
         with torch.no_grad():
             accuracy = (
-                (model(x[:256].cuda(local_rank)).argmax(1).cpu() == y[:256]).float().mean()
-            )  # check_ddp: here
+                (model(x[:256].cuda(local_rank)).argmax(1).cpu() == y[:256]).float().mean()  # check_ddp: here
+            )
         print(f"test accuracy {accuracy.item():.3f}")
     dist.barrier()
     dist.destroy_process_group()

@@ -27,10 +27,10 @@ def main(seed=42):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(1200, 12, generator=g)
     dataset = TensorDataset(x, (x[:, :3].sum(1, keepdim=True) > 0).float())
-    torch.random.manual_seed(seed + rank)  # check_ddp: here
+    torch.random.manual_seed(seed + rank)
     train_set, val_set, test_set = random_split(dataset, [960, 120, 120])
     sampler = DistributedSampler(train_set)
-    loader = DataLoader(train_set, batch_size=48, sampler=sampler)
+    loader = DataLoader(train_set, batch_size=48, sampler=sampler)  # check_ddp: here
     model = DDP(
         nn.Sequential(nn.Linear(12, 24), nn.ReLU(), nn.Linear(24, 1)).cuda(local_rank),
         device_ids=[local_rank],
