@@ -369,11 +369,12 @@ def set_aside(options, job):
     """What stopped the job that a run could set aside: "launch", the script's own launch variables
     and init_process_group() arguments over torchrun's (torchrun's are kept); "layout", a GPU index
     only the rehearsed nodes lack (one node of all the processes); nothing if the job did not stop."""
-    stopped = job.hung or job.returncode
+    if not (job.hung or job.returncode):
+        return set()
     found = {RULES[x.code].sets_aside for x in judge_one(job) if x.verdict == "FAIL" and x.code in RULES}
     if options.nnodes is not None or job.nnodes == 1:
         found.discard("layout")
-    return found - {None} if stopped else set()
+    return found - {None}
 
 
 def run_job(options, aside=()):
@@ -3891,9 +3892,10 @@ class Source:
         {keyword: its value where a constant, else UNDECIDED}), in order."""
         found = {}
         for path in sorted(self.job.sources):
-            tree, source = self.tree(path), self.job.source(path)
+            tree = self.tree(path)
             for node in ast.walk(tree) if tree else ():
-                if isinstance(node, ast.Call) and ast.get_source_segment(source, node.func) == name:
+                # the call's name as Python reads it (its source segment would split the file at each call)
+                if isinstance(node, ast.Call) and ast.unparse(node.func) == name:
                     keywords = {
                         k.arg: k.value.value if isinstance(k.value, ast.Constant) else UNDECIDED
                         for k in node.keywords
