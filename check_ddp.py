@@ -190,7 +190,7 @@ def main(argv=None):
     if options.explain is not None:
         text = explain(options.explain)
         if text is None:
-            parser.error(f"{options.explain}: no such code (python check_ddp.py --explain lists them)")
+            parser.error(f"{options.explain}: no such code ({explain_command('').strip()} lists them)")
         print(text)
         return 0
     if options.judge:
@@ -218,7 +218,7 @@ def main(argv=None):
             line, code = unknown[0]
             parser.error(
                 f"{options.script}:{line}: # check_ddp: ignore[{code}] names no code of check_ddp's "
-                "(python check_ddp.py --explain lists them)"
+                f"({explain_command('').strip()} lists them)"
             )
         if options.nproc < 2:
             parser.error("--nproc must be at least 2: one process cannot share anything")
@@ -3283,7 +3283,7 @@ def explain(code):
         rules = sorted(RULES.values(), key=lambda r: (r.step or 99, int(r.code[3:])))  # by step, then code
         rows = [f"{r.code:<8} step {r.step or '-':<3} {r.verdict:<5} {r.doc.splitlines()[0]}" for r in rules]
         return "\n".join(
-            ["The findings of check_ddp.py (python check_ddp.py --explain CODE explains one):", *rows]
+            [f"The findings of check_ddp.py ({explain_command()} explains one):", *rows]
         )
     rule = RULES.get(code.upper())
     if rule is None:
@@ -4970,6 +4970,7 @@ def step_3_summary(f):
         how = "DistributedSampler" if some["distributed"] else some["sampler"]
         first = {r: p[0] for r, p in passes.items() if p}
         shared = max((len(set(a) & set(b)) for a, b in itertools.combinations(first.values(), 2)), default=0)
+        repeats = 0  # samples the sampler draws again to even the shards: then they are not disjoint
         if (
             shared > f.world - 1
             and not some["distributed"]
@@ -4980,9 +4981,12 @@ def step_3_summary(f):
                 "its own (repeated augmentation: each copy augmented anew)"
             )
         else:
-            detail = f"{how}: disjoint shards of {longest} samples a rank"
+            repeats = sum(len(set(p)) for p in first.values()) - len(set().union(*first.values()))
+            detail = f"{how}: {'shards' if repeats else 'disjoint shards'} of {longest} samples a rank"
         if some["length"]:
             detail += f", of {some['length']}"
+        if repeats:
+            detail += f", {plural(repeats, 'sample')} drawn again by another rank"
         if len(orders) >= 2:
             detail += ", a new order each epoch" if orders[0] != orders[1] else ""
         else:
@@ -6477,19 +6481,28 @@ def stopped_making_progress(f):
 # 4. report: a line per step, details only where they help, the verdict last
 
 
-def pitfall_path(key):
-    """Where the pitfall program is, beside this file, as the reader finds it from here; None
-    where this file was copied alone."""
-    path = Path(__file__).resolve().parent / PITFALLS[key]
-    if not path.is_file():
-        return None
+def from_here(path):
+    """A path as the reader types it from where they are: relative below their folder, else whole."""
     relative = os.path.relpath(path)
     return relative if not relative.startswith("..") else str(path)
 
 
+def pitfall_path(key):
+    """Where the pitfall program is, beside this file, as the reader finds it from here; None
+    where this file was copied alone."""
+    path = Path(__file__).resolve().parent / PITFALLS[key]
+    return from_here(path) if path.is_file() else None
+
+
+def explain_command(code="CODE"):
+    """The command that explains a finding, as the reader types it from where they are: this file
+    may be elsewhere (python ../tools/check_ddp.py my_train.py)."""
+    return f"python {from_here(Path(__file__).resolve())} --explain {code}"
+
+
 def see(line):
     """Where to read more about a finding: its pitfall, if it is here, and its explanation."""
-    explanation = f"python check_ddp.py --explain {line.code}"
+    explanation = explain_command(line.code)
     pitfall = pitfall_path(line.see) if line.see else None
     return f"{pitfall}; {explanation}" if pitfall else explanation
 
@@ -6572,7 +6585,7 @@ def report(job, lines):
             )
             out.append(f"{indent}see:  {see(line)}")  # whole, to copy
     out += [
-        f"check_ddp: {at}: ignore[{code}] names no code of check_ddp's (check_ddp.py --explain lists them)"
+        f"check_ddp: {at}: ignore[{code}] names no code of check_ddp's ({explain_command('').strip()} lists them)"
         for at, code in job.unknown_ignores
     ]
     own = own_errors(job)

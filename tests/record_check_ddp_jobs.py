@@ -73,6 +73,7 @@ def record_readme():
     folder = re.search(r"The job's own output: (\S+)/output\.log$", proc.stdout.strip()).group(1)
     keep(Path(folder), README_JOB)
     report = re.sub(r"\S*(pitfalls/\w+\.py)", r"\1", proc.stdout)  # as from the project's folder
+    report = re.sub(r"python \S*check_ddp\.py --explain", "python check_ddp.py --explain", report)
     readme = (ROOT / "README.md").read_text()
     shown = README_REPORT.search(readme)
     (ROOT / "README.md").write_text(readme[: shown.start(2)] + report + readme[shown.end(2) :])

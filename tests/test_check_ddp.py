@@ -19,6 +19,7 @@ every change; the report must be the one recorded, and say what the case states.
 
 import importlib.util
 import json
+import os
 import re
 import shutil
 import sys
@@ -77,6 +78,7 @@ def normalised(report):
     """A report as it reads anywhere: the pitfalls beside check_ddp.py as the project names them,
     and no folder of the job (the rest is the job's, from its folder)."""
     report = re.sub(r"\S*(pitfalls/\w+\.py)", r"\1", report)
+    report = re.sub(r"python \S*check_ddp\.py --explain", "python check_ddp.py --explain", report)
     return re.sub(r"The job's own output: .*$", "The job's own output: FOLDER/output.log", report.strip())
 
 
@@ -334,6 +336,22 @@ def test_check_ddp_copied_alone_still_says_where_to_read_more(tmp_path):
     assert sees == ["see:  python check_ddp.py --explain DDP305"], proc.stdout
     page = run([sys.executable, "check_ddp.py", "--explain", "DDP305"], cwd=tmp_path).stdout
     assert "pitfalls/step3_missing_set_epoch.py, in the project check_ddp.py comes from" in page
+
+
+def test_a_check_run_from_another_folder_gives_see_commands_that_work_there(tmp_path):
+    """A learner checks a script of theirs from its own folder (python PATH/check_ddp.py train.py):
+    the pitfall and the --explain command its see: gives both work from there, as typed."""
+    folder = tmp_path / "mine" / "elsewhere"
+    folder.mkdir(parents=True)
+    command = [sys.executable, os.path.relpath(CHECK, folder), "--judge", str(JOBS / "mnist_no_set_epoch")]
+    proc = run(command, cwd=folder, expect=1)
+    sees = [line.strip() for line in proc.stdout.splitlines() if line.strip().startswith("see:")]
+    pitfall, explain = sees[0].removeprefix("see:").strip().split("; ")
+    assert (folder / pitfall).is_file(), proc.stdout
+    program, *args = explain.split()
+    assert program == "python", explain
+    page = run([sys.executable, *args], cwd=folder).stdout
+    assert page.startswith("DDP305"), page
 
 
 def test_judge_refuses_a_folder_that_is_not_a_job(tmp_path):
@@ -602,6 +620,7 @@ def as_it_reads_anywhere(report):
     way its lines wrap around them."""
     report = re.sub(r"\n +", " ", report.strip())  # each step's line whole
     report = re.sub(r"\S*(pitfalls/\w+\.py)", r"\1", report)  # the pitfalls as the project names them
+    report = re.sub(r"python \S*check_ddp\.py --explain", "python check_ddp.py --explain", report)
     report = re.sub(r"\b\d+\.\d s\b", "N s", report)
     return re.sub(r"/\S*check_ddp-\w+/", "FOLDER/", report)
 
