@@ -190,7 +190,7 @@ def main(argv=None):
     if options.explain is not None:
         text = explain(options.explain)
         if text is None:
-            parser.error(f"{options.explain}: no such code ({explain_command('').strip()} lists them)")
+            parser.error(f"{options.explain}: no such code ({explain_command()} lists them)")
         print(text)
         return 0
     if options.judge:
@@ -218,7 +218,7 @@ def main(argv=None):
             line, code = unknown[0]
             parser.error(
                 f"{options.script}:{line}: # check_ddp: ignore[{code}] names no code of check_ddp's "
-                f"({explain_command('').strip()} lists them)"
+                f"({explain_command()} lists them)"
             )
         if options.nproc < 2:
             parser.error("--nproc must be at least 2: one process cannot share anything")
@@ -3282,9 +3282,7 @@ def explain(code):
     if not code:
         rules = sorted(RULES.values(), key=lambda r: (r.step or 99, int(r.code[3:])))  # by step, then code
         rows = [f"{r.code:<8} step {r.step or '-':<3} {r.verdict:<5} {r.doc.splitlines()[0]}" for r in rules]
-        return "\n".join(
-            [f"The findings of check_ddp.py ({explain_command()} explains one):", *rows]
-        )
+        return "\n".join([f"The findings of check_ddp.py ({explain_command('CODE')} explains one):", *rows])
     rule = RULES.get(code.upper())
     if rule is None:
         return f"{code.upper()}: {RETIRED[code.upper()]}" if code.upper() in RETIRED else None
@@ -6494,10 +6492,10 @@ def pitfall_path(key):
     return from_here(path) if path.is_file() else None
 
 
-def explain_command(code="CODE"):
+def explain_command(code=""):
     """The command that explains a finding, as the reader types it from where they are: this file
     may be elsewhere (python ../tools/check_ddp.py my_train.py)."""
-    return f"python {from_here(Path(__file__).resolve())} --explain {code}"
+    return f"python {from_here(Path(__file__).resolve())} --explain {code}".rstrip()
 
 
 def see(line):
@@ -6585,7 +6583,7 @@ def report(job, lines):
             )
             out.append(f"{indent}see:  {see(line)}")  # whole, to copy
     out += [
-        f"check_ddp: {at}: ignore[{code}] names no code of check_ddp's ({explain_command('').strip()} lists them)"
+        f"check_ddp: {at}: ignore[{code}] names no code of check_ddp's ({explain_command()} lists them)"
         for at, code in job.unknown_ignores
     ]
     own = own_errors(job)

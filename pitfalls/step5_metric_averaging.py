@@ -3,10 +3,12 @@
     python pitfalls/step5_metric_averaging.py
 
 The guide sums each batch's mean loss, all-reduces the sum and divides it by
-num_batches * world_size. That weighs a short last batch as much as a full one, and
-counts the samples DistributedSampler repeats to pad the ranks to equal length. Here:
-17 samples on 2 ranks, batches of 4: each rank gets 9 (one repeat), in batches 4, 4, 1.
-The exact mean all-reduces (sum of loss x samples, samples) over the real samples only.
+num_batches * world_size. That weighs a short last batch as much as a full one. Here:
+17 samples on 2 ranks, batches of 4: each rank gets 9 (DistributedSampler draws one sample
+on both, to even them), in batches 4, 4, 1. The exact mean all-reduces (sum of loss x
+samples, samples), as the README's DDP step 5 and train_ddp.py do: the mean over every
+sample the ranks trained on, the repeat counted, as it was trained on. (To score a set with
+each sample once, evaluate as DDP step 10 does: no sampler's repeats.)
 """
 
 import sys
@@ -33,7 +35,6 @@ def worker():  # each process of the job, started by torchrun
     rank, world_size = dist.get_rank(), dist.get_world_size()
     dataset, model = setup()
     loader = DataLoader(dataset, sampler=DistributedSampler(dataset, shuffle=False), batch_size=BATCH)
-    real = len(range(rank, N, world_size))  # this rank's samples without the sampler's repeats
 
     # the mistake: per-batch means, summed, over num_batches * world_size
     running = 0.0
@@ -43,22 +44,24 @@ def worker():  # each process of the job, started by torchrun
     dist.all_reduce(total)
     guide = total.item() / (len(loader) * world_size)
 
-    # the fix: (sum of loss x samples, samples), the repeats cut off, all-reduced once
-    totals, seen = torch.zeros(2, dtype=torch.float64), 0
+    # the fix: (sum of loss x samples, samples), all-reduced once
+    totals = torch.zeros(2, dtype=torch.float64)
     for x, y in loader:
-        x, y = x[: real - seen], y[: real - seen]  # the sampler pads past `real` with repeats
         totals += torch.stack(
             [torch.nn.functional.mse_loss(model(x), y, reduction="sum"), x.new_tensor(len(x))]
         )
-        seen += len(x)
     dist.all_reduce(totals)
     exact = (totals[0] / totals[1]).item()
 
     if rank == 0:
-        x, y = dataset.tensors  # the truth: one process, every sample once
+        # the truth: one process, every sample each rank drew, once per draw
+        drawn = [
+            i for r in range(world_size) for i in DistributedSampler(dataset, world_size, r, shuffle=False)
+        ]
+        x, y = dataset[drawn]
         truth = torch.nn.functional.mse_loss(model(x), y).item()
         batches = [len(x) for x, _ in loader]
-        tell(guide=guide, exact=exact, truth=truth, batches=batches)
+        tell(guide=guide, exact=exact, truth=truth, batches=batches, drawn=len(drawn))
     dist.destroy_process_group()
 
 
@@ -70,9 +73,9 @@ def main():
         symptom=f"{N} samples on 2 ranks, {sum(said['batches'])} each (one a repeat), in batches of"
         f" {said['batches']}: mean loss {guide:.4f},\n"
         f"{100 * (guide / truth - 1):+.1f}% off the true {truth:.4f}",
-        fix="all_reduce((sum of loss * len(batch), sum of len(batch))) over each rank's real samples,"
-        " repeats cut off",
-        result=f"mean loss {exact:.4f}, the true mean over the {N} samples: {truth:.4f}",
+        fix="all_reduce((sum of loss * len(batch), sum of len(batch))), once, over every sample trained on",
+        result=f"mean loss {exact:.4f}, the true mean over the {said['drawn']} samples the ranks trained on"
+        f" ({N} and the repeat): {truth:.4f}",
         checks={
             "a short last batch": said["batches"][-1] < BATCH,
             "the guide's mean is off by over 1%": abs(guide / truth - 1) > 0.01,

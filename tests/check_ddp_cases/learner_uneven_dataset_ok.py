@@ -83,11 +83,14 @@ def main():
         val_totals = torch.stack([vtotal, correct.to(vtotal.dtype), vtotal.new_tensor(vn)])
         dist.all_reduce(val_totals)  # DDP step 10
         if dist.get_rank() == 0:  # DDP step 6
-            print(f"epoch {epoch}: train loss {(totals[0] / totals[1]).item():.4f}  "
-                  f"val loss {(val_totals[0] / val_totals[2]).item():.4f}  "
-                  f"val acc {(val_totals[1] / val_totals[2]).item():.3f}")
-            torch.save({"epoch": epoch, "model": model.module.state_dict(), "opt": opt.state_dict()},
-                       "ckpt.pt")
+            print(
+                f"epoch {epoch}: train loss {(totals[0] / totals[1]).item():.4f}  "
+                f"val loss {(val_totals[0] / val_totals[2]).item():.4f}  "
+                f"val acc {(val_totals[1] / val_totals[2]).item():.3f}"
+            )
+            torch.save(
+                {"epoch": epoch, "model": model.module.state_dict(), "opt": opt.state_dict()}, "ckpt.pt"
+            )
     dist.destroy_process_group()  # DDP step 7
 
 
