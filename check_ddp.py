@@ -4220,7 +4220,8 @@ def unmatched_text(f):
         else f"rank {r} called none"
         for r, c in sorted(calls.items())
     ]
-    return f"the ranks' {ordinal(i + 1)} collectives differ: " + "; ".join(said)
+    # the script's own, counted in order: DDP's in forward and backward are not among them
+    return f"the ranks' {ordinal(i + 1)} collectives of the script's own differ: " + "; ".join(said)
 
 
 def where_each_waits(f):
@@ -5352,8 +5353,11 @@ def collective_in_rank_block(f):
 
     A collective (all_reduce, barrier, broadcast, and DDP's own, in forward and backward)
     returns only once every rank has called it. Called inside `if rank == 0:`, it waits forever
-    for ranks that took the other branch; they meanwhile wait in their next collective. Take
-    the collective out of the block: every rank calls it, and only the writing stays on rank 0.
+    for ranks that took the other branch; they meanwhile wait in their next collective. Or the
+    two meet, out of step: on gloo, rank 0's call and another rank's next one (DDP's gradient
+    all-reduce) exchange tensors of different sizes, and the job aborts ("Received data size
+    doesn't match expected size"). Take the collective out of the block: every rank calls it,
+    and only the writing stays on rank 0.
     """
     found = out_of_step(f, "rank_block")
     unmatched = f.unmatched_collective
@@ -5722,9 +5726,16 @@ def step_6_summary(f):
     names = sorted({os.path.basename(f.renamed.get(s["path"], s["path"]) or "?") for _, s in saves})
     shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
     ranks = sorted({r for r, _ in saves})
+
+    # what the files hold, as recorded: a finding silenced (ignore[DDP603]) leaves its fact standing
+    def holds(key):
+        return any(s["what"][key] for _, s in saves)
+
+    held = " and ".join(name for name, key in (("model", "models"), ("optimizer", "optimizer")) if holds(key))
+    prefix = "keys with the wrapper's module. prefix" if holds("module_prefix") else "no module. prefix"
     return "ok", (
-        f"{ranks_text(ranks)} alone saved {shown} at {saves[0][1]['at']}: model and optimizer state, "
-        "no module. prefix"
+        f"{ranks_text(ranks)} alone saved {shown} at {saves[0][1]['at']}: "
+        f"{held + ' state' if held else 'no model or optimizer state'}, {prefix}"
     )
 
 
