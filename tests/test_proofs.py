@@ -381,9 +381,13 @@ def test_a_worker_that_fails_mid_epoch_ends_the_whole_job(work):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "injected fault at step 40 of rank 1" in proc.stderr
     assert "Timed out" not in proc.stderr, "a rank waited for the process group's timeout"
-    # torchrun's report: rank 1's failure is the job's first, and rank 0 ended with it
+    # torchrun's report: rank 1's failure is the job's first, and rank 0 ended with it. torchrun
+    # names whichever process it saw end first: once, under load, rank 0, aborted at its exit by
+    # torch 2.13's gloo (pytorch#190489) before rank 1's end was seen; then rank 0's own error must
+    # be its peer's going
     root_cause = re.search(r"Root Cause \(first observed failure\):\n(?:.*\n)*? +rank +: (\d+) ", proc.stderr)
-    assert root_cause and root_cause.group(1) == "1", proc.stderr
+    peer_gone = re.search(r"\[rank0\]: RuntimeError: .*Connection (closed|reset) by peer", proc.stderr)
+    assert root_cause and (root_cause.group(1) == "1" or peer_gone), proc.stderr
 
 
 # Beyond the guide: gradient accumulation and exact evaluation -----------------------------
