@@ -6400,7 +6400,10 @@ def step_10_summary(f):
         )
     if crashed_in_evaluation(f) or not f.evaluated:
         return None  # no evaluation; or the script's own error in it, reported as such in this step
-    how, _, at, union, _ = f.evaluated
+    how, i, at, union, _ = f.evaluated
+    differ = datasets_differ(f, f.evaluation[i])
+    if differ:  # indices counted once each, of sets that are not one: no "each once" to claim
+        return "--", f"not checked whether each held-out sample counts once: {differ} (DDP step 3's rule)"
     if how == "all":  # DDP1005's, where the script silences it
         return "ok", f"every rank evaluated all {union} held-out samples: exact (DataLoader at {at})"
     return (
