@@ -5979,7 +5979,7 @@ def never_asks_who_it_is(f):
         return None
     if any(e["key"] in ("RANK", "LOCAL_RANK", "WORLD_SIZE") and e["found"] for _, e in job.records("read")):
         return None
-    numbered = f.source.identifiers(r"rank|world_size|num_replicas|nodes?$|^nr$")
+    numbered = f.source.identifiers(r"rank|world_size|num_replicas|nodes?$")
     if not numbered:  # no notion of processes at all: a script not converted yet, DDP step 1's (DDP104)
         return None
     return Found(

@@ -55,9 +55,11 @@ def worker():  # each process of the job, started by torchrun
 
     if rank == 0:
         # the truth: one process, every sample each rank drew, once per draw
-        drawn = [
-            i for r in range(world_size) for i in DistributedSampler(dataset, world_size, r, shuffle=False)
+        shards = [
+            DistributedSampler(dataset, num_replicas=world_size, rank=r, shuffle=False)
+            for r in range(world_size)
         ]
+        drawn = [i for shard in shards for i in shard]
         x, y = dataset[drawn]
         truth = torch.nn.functional.mse_loss(model(x), y).item()
         batches = [len(x) for x, _ in loader]
