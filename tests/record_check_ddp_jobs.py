@@ -22,7 +22,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parent.parent)]
 from test_check_ddp import (  # noqa: E402
     CASES,
     JOBS,
@@ -31,10 +31,13 @@ from test_check_ddp import (  # noqa: E402
     ROOT,
     check,
     job_folder,
-    load_tool,
     normalised,
     readme_report,
 )
+
+from check_ddp.job import Job  # noqa: E402
+from check_ddp.judge.engine import judge  # noqa: E402
+from check_ddp.report import report  # noqa: E402
 
 KEPT = ("job.json", "output.log", "rank*.jsonl")  # what the judge reads
 
@@ -44,9 +47,8 @@ def record(case):
         shutil.copy(case, Path(work) / case.name)
         proc, report = check(case.name, cwd=work, expect=None)
     kept = keep(job_folder(report), JOBS / case.stem)
-    tool = load_tool()
-    job = tool.Job.load(kept)
-    (kept / "report.txt").write_text(normalised(tool.report(job, tool.judge(job))) + "\n")
+    job = Job.load(kept)
+    (kept / "report.txt").write_text(normalised(report(job, judge(job))) + "\n")
     return f"{case.stem}: exit {proc.returncode}"
 
 
@@ -82,10 +84,9 @@ def record_readme():
 
 def rewrite_reports():
     """The reports of the jobs already recorded, made again by today's judge."""
-    tool = load_tool()
     for folder in sorted(p for p in JOBS.iterdir() if p.is_dir()):
-        job = tool.Job.load(folder)
-        (folder / "report.txt").write_text(normalised(tool.report(job, tool.judge(job))) + "\n")
+        job = Job.load(folder)
+        (folder / "report.txt").write_text(normalised(report(job, judge(job))) + "\n")
         print(folder.name)
 
 

@@ -17,7 +17,6 @@ tests/record_check_ddp_jobs.py), is judged again, in milliseconds, so that every
 every change; the report must be the one recorded, and say what the case states.
 """
 
-import importlib.util
 import json
 import os
 import re
@@ -30,7 +29,16 @@ import pytest
 import torch
 from helpers import ROOT, copy_scripts, cpu_env, notebook_exercise, readme_conversion, run, selected
 
+from check_ddp.job import Job
+from check_ddp.judge.engine import judge
+from check_ddp.judge.registry import AT_THE_END, ORDER, RETIRED, RULES, SUMMARIES
+from check_ddp.records import FORMAT
+from check_ddp.report import as_json, report, see
+from check_ddp.steps import PITFALLS, STEPS
+from check_ddp.worker import recorder
+
 CHECK = ROOT / "check_ddp.py"
+PACKAGE = ROOT / "check_ddp"
 CASES_DIR = ROOT / "tests" / "check_ddp_cases"
 CASES = sorted(CASES_DIR.glob("*.py"))
 JOBS = ROOT / "tests" / "check_ddp_jobs"
@@ -53,18 +61,10 @@ UNREACHED = {
 }
 
 
-def load_tool(path=CHECK):
-    """check_ddp.py as a module, to judge recorded jobs in this process."""
-    spec = importlib.util.spec_from_file_location("check_ddp_under_test", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def steps_of(findings, see=None):
     """{step: (verdict, its words: message, help and see, code)}, from a report's findings: the JSON
-    of `check_ddp.py --format json` (dicts), or the lines judge() returns (objects, with the tool's
-    see() to say where to read more)."""
+    of `check_ddp.py --format json` (dicts), or the lines of judge()'s verdict (objects, with the
+    report's see() to say where to read more)."""
     steps = {}
     for f in findings:
         if not isinstance(f, dict):
@@ -145,61 +145,54 @@ def assert_says_what_the_case_states(case, status, steps, stdout, device="cpu"):
 # replayed: each case's recorded job, judged again (quick)
 
 
-@pytest.fixture(scope="module")
-def tool():
-    return load_tool()
-
-
 @pytest.mark.parametrize("case", CASES, ids=[case.stem for case in CASES])
-def test_a_recorded_job_judged_again_says_what_its_case_states(tool, case, monkeypatch):
+def test_a_recorded_job_judged_again_says_what_its_case_states(case, monkeypatch):
     folder = JOBS / case.stem
     assert (folder / "job.json").is_file(), (
         f"no recorded job: python tests/record_check_ddp_jobs.py {case.stem}"
     )
     monkeypatch.setenv("CHECK_DDP_STRICT", "1")  # every record fits the schema
-    job = tool.Job.load(folder)
-    lines = tool.judge(job)
-    text = tool.report(job, lines)
+    job = Job.load(folder)
+    verdict = judge(job)
+    text, lines = report(job, verdict), verdict.lines
     status = 1 if any(line.verdict == "FAIL" for line in lines) else 0
     assert normalised(text) == (folder / "report.txt").read_text().strip(), (
         "the report differs from the one recorded: if the change is meant, record it again "
         f"(python tests/record_check_ddp_jobs.py {case.stem})\n{text}"
     )
-    assert_says_what_the_case_states(case, status, steps_of(lines, tool.see), text, device=job.device)
+    assert_says_what_the_case_states(case, status, steps_of(lines, see), text, device=job.device)
 
 
-def test_the_recorded_jobs_were_recorded_by_todays_recorder(tool):
+def test_the_recorded_jobs_were_recorded_by_todays_recorder():
     """A job recorded before the watcher changed what it records (a record kind, a field, a call
     watched) may lack what today's rules read: record it again."""
-    stale = [
-        case.stem for case in CASES if tool.Job.made_by(JOBS / case.stem) != (tool.FORMAT, tool.recorder())
-    ]
+    stale = [case.stem for case in CASES if Job.made_by(JOBS / case.stem) != (FORMAT, recorder())]
     assert not stale, f"re-record: python tests/record_check_ddp_jobs.py {' '.join(stale)}"
 
 
-def test_a_job_whose_ranks_were_stopped_before_their_error_is_judged_as_its_case_states(tool):
+def test_a_job_whose_ranks_were_stopped_before_their_error_is_judged_as_its_case_states():
     """A race seen live, under load: gloo aborts rank 1 of mnist_uneven_split (sizes that differ), and
     torchrun stops rank 0 before rank 0 records its own error, so that no rank's error is recorded.
     Its recorded job, less rank 0's error and end, is that job: judged as the case states, its step 3
     saying where each rank was last, and its step 5 not checked (the job stopped before an epoch's end)."""
     case = next(c for c in CASES if c.stem == "mnist_uneven_split")
-    job = tool.Job.load(JOBS / case.stem)
+    job = Job.load(JOBS / case.stem)
     assert [e["e"] for e in job.ranks[0]].count("crash") == 1
     assert not [
         e for e in job.ranks[1] if e["e"] in ("crash", "exit")
     ]  # aborted by gloo: no error of Python's
     job.ranks[0] = [e for e in job.ranks[0] if e["e"] not in ("crash", "exit")]
-    lines = tool.judge(job)
-    text = tool.report(job, lines)
+    verdict = judge(job)
+    text, lines = report(job, verdict), verdict.lines
     status = 1 if any(line.verdict == "FAIL" for line in lines) else 0
-    assert_says_what_the_case_states(case, status, steps_of(lines, tool.see), text, device=job.device)
-    steps = steps_of(lines, tool.see)
+    assert_says_what_the_case_states(case, status, steps_of(lines, see), text, device=job.device)
+    steps = steps_of(lines, see)
     assert re.search(r"rank 0 was last in .* at mnist_uneven_split\.py:\d+", steps[3][1]), text
     assert re.search(r"rank 1 was last in .* at mnist_uneven_split\.py:\d+", steps[3][1]), text
     assert steps[5][0] == "--", text
 
 
-def test_a_gpu_machine_judges_every_recorded_job_as_it_ran(tool, monkeypatch):
+def test_a_gpu_machine_judges_every_recorded_job_as_it_ran(monkeypatch):
     """A job is judged by what its records say of the machine it ran on, never by the machine that
     judges it: every recorded job (each ran on a CPU) gives the report recorded, where the judging
     process sees 8 GPUs (simulated here: torch.cuda answers so, and no CUDA_VISIBLE_DEVICES hides
@@ -210,34 +203,31 @@ def test_a_gpu_machine_judges_every_recorded_job_as_it_ran(tool, monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     differ = []
     for case in CASES:
-        job = tool.Job.load(JOBS / case.stem)
-        if (
-            normalised(tool.report(job, tool.judge(job)))
-            != (JOBS / case.stem / "report.txt").read_text().strip()
-        ):
+        job = Job.load(JOBS / case.stem)
+        if normalised(report(job, judge(job))) != (JOBS / case.stem / "report.txt").read_text().strip():
             differ.append(case.stem)
     assert not differ, f"judged otherwise where the judge sees GPUs: {differ}"
     case = next(c for c in CASES if c.stem == "titan_global_rank_device")  # gpu: exit 0, cpu: FAIL step 2
-    job = tool.Job.load(JOBS / case.stem)
-    lines = tool.judge(job)
-    status = 1 if any(line.verdict == "FAIL" for line in lines) else 0
+    job = Job.load(JOBS / case.stem)
+    verdict = judge(job)
+    lines, status = verdict.lines, verdict.status
     assert job.device == "cpu" and status == 1
-    text = tool.report(job, lines)
-    assert_says_what_the_case_states(case, status, steps_of(lines, tool.see), text, device=job.device)
+    text = report(job, verdict)
+    assert_says_what_the_case_states(case, status, steps_of(lines, see), text, device=job.device)
 
 
-def test_every_rule_has_a_code_an_explanation_and_a_case(tool):
-    codes = list(tool.RULES)
+def test_every_rule_has_a_code_an_explanation_and_a_case():
+    codes = list(RULES)
     assert len(codes) == len(set(codes))
-    for code, rule in tool.RULES.items():
+    for code, rule in RULES.items():
         assert re.fullmatch(r"DDP(\d{1,2})\d\d", code) and rule.step == int(code[3:-2]), code
         assert rule.verdict in ("FAIL", "warn") and rule.help, code
         summary, _, body = rule.doc.partition("\n\n")
         assert summary and "\n" not in summary and len(body.split()) >= 15, (
             f"{code}: a summary line, then why"
         )
-        assert rule.see is None or rule.see in tool.PITFALLS, code
-    assert set(tool.SUMMARIES) == set(tool.STEPS)
+        assert rule.see is None or rule.see in PITFALLS, code
+    assert set(SUMMARIES) == set(STEPS)
     reached = {code for case in CASES for _, code in expectation(case)[1].values() if code}
     assert reached <= set(codes), f"cases name codes that do not exist: {reached - set(codes)}"
     assert len(UNREACHED) <= 12, "UNREACHED only shrinks: a new rule comes with its case"
@@ -248,10 +238,10 @@ def test_every_rule_has_a_code_an_explanation_and_a_case(tool):
     )
 
 
-def test_explain_lists_every_code_and_explains_each(tool):
+def test_explain_lists_every_code_and_explains_each():
     listing = run([sys.executable, str(CHECK), "--explain"], cwd=ROOT).stdout
     listed = [line.split()[0] for line in listing.splitlines()[1:]]
-    assert sorted(listed) == sorted(tool.RULES) and len(listed) == len(tool.RULES)
+    assert sorted(listed) == sorted(RULES) and len(listed) == len(RULES)
     assert [int(line.split()[2]) for line in listing.splitlines()[1:-1]] == sorted(
         int(line.split()[2]) for line in listing.splitlines()[1:-1]
     )  # by step (DDP000, any step, last)
@@ -262,80 +252,97 @@ def test_explain_lists_every_code_and_explains_each(tool):
     assert "DDP999: no such code" in proc.stderr
 
 
-def test_the_order_the_rules_are_tried_in_is_declared_and_no_code_is_used_elsewhere(tool):
+def test_the_order_the_rules_are_tried_in_is_declared_and_no_code_is_used_elsewhere():
     """Each step's rules are tried in the order ORDER declares (and AT_THE_END's, once every step has
-    its line): every rule once, under its own step. No code is named anywhere else in check_ddp.py's
-    code (a rule, its order, the retired codes): the facts say what happened, the rules what it means."""
+    its line): every rule once, under its own step. No code is named anywhere else in check_ddp's code
+    (a rule, its order, the retired codes): the facts say what happened, the rules what it means."""
     import ast
 
-    ordered = [code for step, codes in tool.ORDER.items() for code in codes]
-    assert sorted(ordered + list(tool.AT_THE_END)) == sorted(tool.RULES), (
-        "ORDER and AT_THE_END: every rule, once"
-    )
-    assert all(tool.RULES[code].step == step for step, codes in tool.ORDER.items() for code in codes)
-    assert set(tool.ORDER) == set(tool.STEPS)
-    tree = ast.parse(CHECK.read_text())
-    allowed = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Assign) and any(
-            getattr(t, "id", "") in ("ORDER", "AT_THE_END", "RETIRED") for t in node.targets
-        ):
-            allowed |= {id(n) for n in ast.walk(node)}
-        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "rule" and node.args:
-            allowed.add(id(node.args[0]))
-    codes = [
-        n for n in ast.walk(tree) if isinstance(n, ast.Constant) and re.fullmatch(r"DDP\d+", str(n.value))
-    ]
-    elsewhere = [(node.lineno, node.value) for node in codes if id(node) not in allowed]
+    ordered = [code for step, codes in ORDER.items() for code in codes]
+    assert sorted(ordered + list(AT_THE_END)) == sorted(RULES), "ORDER and AT_THE_END: every rule, once"
+    assert all(RULES[code].step == step for step, codes in ORDER.items() for code in codes)
+    assert set(ORDER) == set(STEPS)
+    elsewhere = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        allowed = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign) and any(
+                getattr(t, "id", "") in ("ORDER", "AT_THE_END", "RETIRED") for t in node.targets
+            ):
+                allowed |= {id(n) for n in ast.walk(node)}
+            if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "rule" and node.args:
+                allowed.add(id(node.args[0]))
+        codes = [
+            n for n in ast.walk(tree) if isinstance(n, ast.Constant) and re.fullmatch(r"DDP\d+", str(n.value))
+        ]
+        elsewhere += [(path.name, node.lineno, node.value) for node in codes if id(node) not in allowed]
     assert not elsewhere, f"codes named outside their rule and the order: {elsewhere}"
 
 
-def test_the_rules_are_written_in_the_order_they_are_tried_each_under_its_steps_banner(tool):
-    """A reader finds a rule where ORDER tries it: check_ddp.py declares the rules in ORDER's order, each
-    after its step's banner (`# DDP step N: name`) and before the next step's, then AT_THE_END's, after
-    their banner (`# At the end:`)."""
-    text = CHECK.read_text()
-    banners = {int(m.group(1)): m.start() for m in re.finditer(r"^# DDP step (\d+): ", text, re.M)}
-    end = re.search(r"^# At the end: ", text, re.M).start()
-    declared = [(m.group(1), m.start()) for m in re.finditer(r'^@rule\(\s*"(DDP\d+)"', text, re.M)]
-    ordered = [code for step in sorted(tool.ORDER) for code in tool.ORDER[step]] + list(tool.AT_THE_END)
-    assert [code for code, _ in declared] == ordered, "the rules are declared out of ORDER's order"
-    for code, at in declared:
-        step = tool.RULES[code].step
-        after, before = (
-            (end, len(text)) if code in tool.AT_THE_END else (banners[step], banners.get(step + 1, end))
-        )
-        assert after < at < before, f"{code} is not under its banner"
+def test_each_rule_is_in_its_steps_module_in_the_order_it_is_tried():
+    """A reader finds a rule where ORDER tries it: DDP step N's rules in rules/stepN_*.py, declared in
+    ORDER's order, and AT_THE_END's in rules/at_the_end.py."""
+    modules = {
+        int(re.match(r"step(\d+)_", p.name).group(1)): p for p in (PACKAGE / "rules").glob("step*_*.py")
+    }
+    assert set(modules) == set(STEPS), sorted(modules)
+    for step, path in [*sorted(modules.items()), (None, PACKAGE / "rules" / "at_the_end.py")]:
+        declared = re.findall(r'^@rule\(\s*"(DDP\d+)"', path.read_text(), re.M)
+        expected = list(ORDER[step]) if step else list(AT_THE_END)
+        assert declared == expected, f"{path.name} declares {declared}, ORDER tries {expected}"
 
 
-def test_a_retired_code_says_what_replaced_it_and_no_page_names_one(tool):
+def test_a_retired_code_says_what_replaced_it_and_no_page_names_one():
     """A code is never reused, and one that is gone still explains itself: --explain OLD says where it
     went. The pages, the notebook and the cases name live codes only."""
-    assert not set(tool.RETIRED) & set(tool.RULES)
-    for old in tool.RETIRED:
+    assert not set(RETIRED) & set(RULES)
+    for old in RETIRED:
         page = run([sys.executable, str(CHECK), "--explain", old], cwd=ROOT).stdout
         assert page.startswith(f"{old}: ") and ("moved to DDP" in page or "retired:" in page), page
         moved = re.search(r"moved to (DDP\d+)", page)
-        assert not moved or moved.group(1) in tool.RULES, page
+        assert not moved or moved.group(1) in RULES, page
     tracked = run(["git", "ls-files"], cwd=ROOT).stdout.split()
-    pages = [p for p in tracked if not p.startswith("tests/check_ddp_jobs/") and p != "check_ddp.py"]
+    pages = [p for p in tracked if not p.startswith(("tests/check_ddp_jobs/", "check_ddp/"))]
     pages = [
         p for p in pages if not p.startswith("tests/test_") and (ROOT / p).suffix in (".md", ".py", ".ipynb")
     ]
     named = {(p, code) for p in pages for code in re.findall(r"\bDDP\d{3,4}\b", (ROOT / p).read_text())}
-    unknown = sorted((p, code) for p, code in named if code not in tool.RULES)
+    unknown = sorted((p, code) for p, code in named if code not in RULES)
     assert not unknown, f"pages that name codes that do not exist: {unknown}"
 
 
-def test_check_ddp_copied_alone_still_says_where_to_read_more(tmp_path):
-    """A learner copies check_ddp.py into a project of theirs: every see: still leads somewhere."""
-    shutil.copy(CHECK, tmp_path / "check_ddp.py")
-    job = JOBS / "mnist_no_set_epoch"
-    proc = run([sys.executable, "check_ddp.py", "--judge", str(job)], cwd=tmp_path, expect=1)
-    sees = [line.strip() for line in proc.stdout.splitlines() if line.strip().startswith("see:")]
-    assert sees == ["see:  python check_ddp.py --explain DDP305"], proc.stdout
-    page = run([sys.executable, "check_ddp.py", "--explain", "DDP305"], cwd=tmp_path).stdout
-    assert "pitfalls/step3_missing_set_epoch.py, in the project check_ddp.py comes from" in page
+@pytest.mark.slow
+def test_pip_install_gives_a_check_ddp_command_that_checks_train_ddp_from_a_fresh_venv(tmp_path):
+    """The checker installed as a package, as a learner installs it into a project of theirs: `pip
+    install` of this project into a fresh venv (torch made visible to it, as the learner's own is) gives
+    a check-ddp command, which checks train_ddp.py all-ok from the script's own folder; installed
+    alone, without the project beside it, every see: it prints still leads somewhere."""
+    source = tmp_path / "project"  # what the install reads (pip would write its build folder in place)
+    shutil.copytree(PACKAGE, source / "check_ddp", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", source / "pyproject.toml")
+    venv = tmp_path / "venv"
+    run([sys.executable, "-m", "venv", str(venv)], cwd=tmp_path, timeout=120)
+    (venv / "lib").glob("python*/site-packages").__next__().joinpath("torch_of_the_tests.pth").write_text(
+        str(Path(torch.__file__).parent.parent) + "\n"
+    )
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--no-index", "--no-build-isolation"]
+    run([*pip, str(source)], cwd=tmp_path, timeout=300)
+    command = str(venv / "bin" / "check-ddp")
+    (tmp_path / "mine").mkdir()
+    work = copy_scripts(tmp_path / "mine")
+    proc = run(
+        [command, "--format", "json", "train_ddp.py", "--epochs", "2"], cwd=work, env=cpu_env(), timeout=300
+    )
+    steps = steps_of(json.loads(proc.stdout)["findings"])
+    assert {step: verdict for step, (verdict, _, _) in steps.items()} == dict.fromkeys(
+        [*range(1, 9), 10], "ok"
+    )
+    judged = run([command, "--judge", str(JOBS / "mnist_no_set_epoch")], cwd=tmp_path, expect=1).stdout
+    sees = [line.strip() for line in judged.splitlines() if line.strip().startswith("see:")]
+    assert sees == ["see:  check-ddp --explain DDP305"], judged
+    page = run([command, "--explain", "DDP305"], cwd=tmp_path).stdout
+    assert "pitfalls/step3_missing_set_epoch.py, in the project check_ddp comes from" in page
 
 
 def test_a_check_run_from_another_folder_gives_see_commands_that_work_there(tmp_path):
@@ -670,17 +677,16 @@ def test_a_silencing_comment_that_names_no_code_is_a_usage_error_before_anything
     assert not proc.stdout
 
 
-def test_a_finding_the_script_silences_is_counted_and_named(tool):
+def test_a_finding_the_script_silences_is_counted_and_named():
     """# check_ddp: ignore[DDP1005] on the line the finding names: the step says what else it finds (ok
     here), and the report and its JSON count and name what was ignored."""
-    job = tool.Job.load(JOBS / "course_evaluates_all_accepted")
-    lines = tool.judge(job)
-    assert [(x.step, x.verdict) for x in lines if x.step == 10] == [(10, "ok")]
-    data = tool.as_json(job, lines, 0)
+    job = Job.load(JOBS / "course_evaluates_all_accepted")
+    verdict = judge(job)
+    assert [(x.step, x.verdict) for x in verdict.lines if x.step == 10] == [(10, "ok")]
+    data = as_json(job, verdict)
     assert data["ignored"] == [{"code": "DDP1005", "at": "course_evaluates_all_accepted.py:30", "step": 10}]
-    assert (
-        "1 finding ignored as the script asks: DDP1005 at course_evaluates_all_accepted.py:30"
-        in tool.report(job, lines)
+    assert "1 finding ignored as the script asks: DDP1005 at course_evaluates_all_accepted.py:30" in report(
+        job, verdict
     )
 
 

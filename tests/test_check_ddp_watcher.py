@@ -1,4 +1,4 @@
-"""check_ddp.py's watcher, in this process: the pieces that must never change what a script does or
+"""check_ddp's watcher, in this process: the pieces that must never change what a script does or
 blame it for what is not its own. (tests/test_check_ddp.py runs it whole, on scripts.)"""
 
 import ast
@@ -7,12 +7,15 @@ import gc
 import sys
 
 import pytest
-from test_check_ddp import load_tool
 
-
-@pytest.fixture(scope="module")
-def tool():
-    return load_tool()
+from check_ddp.judge.crash import needs_gpu
+from check_ddp.judge.source import UNDECIDED, decide
+from check_ddp.run import PACKAGE, SITECUSTOMIZE
+from check_ddp.standin.cuda import CUDA_ANSWERS, CUDA_LEFT, legacy_type, tensor_type
+from check_ddp.standin.node import StandIn
+from check_ddp.watch.ending import who_raised
+from check_ddp.watch.recorder import Beside, Quietly
+from check_ddp.watch.registry import PRIVATE, WRAPPERS, missing_names
 
 
 class Recorded:
@@ -30,14 +33,14 @@ class Watcher:
         self.rec, self.faults = Recorded(), set()
 
 
-def test_the_watchers_own_error_is_recorded_once_and_never_reaches_the_script(tool):
+def test_the_watchers_own_error_is_recorded_once_and_never_reaches_the_script():
     w = Watcher()
     for _ in range(3):
-        with tool.Quietly(w):
+        with Quietly(w):
             {}["the watcher's own bookkeeping fails"]
     assert [(r["e"], r["type"]) for r in w.rec.records] == [("fault", "KeyError")]
     assert w.rec.records[0]["at"].startswith("test_check_ddp_watcher.py:")
-    with pytest.raises(KeyboardInterrupt), tool.Quietly(w):  # not an error of the watcher's: passed on
+    with pytest.raises(KeyboardInterrupt), Quietly(w):  # not an error of the watcher's: passed on
         raise KeyboardInterrupt
 
 
@@ -61,16 +64,16 @@ def raised_in(tmp_path, source):
         ("import json\njson.loads('{')", "call"),
     ],
 )
-def test_whose_error_it_is(tool, tmp_path, source, who):
+def test_whose_error_it_is(tmp_path, source, who):
     tb, error = raised_in(tmp_path, source)
-    assert tool.who_raised(tb, error) == who
+    assert who_raised(tb, error) == who
 
 
-def test_an_error_of_the_checkers_own_code_is_the_checkers(tool):
+def test_an_error_of_the_checkers_own_code_is_the_checkers():
     try:
-        tool.decide(ast.parse("x == 1", mode="eval").body, None)  # value_of None: a TypeError in its code
+        decide(ast.parse("x == 1", mode="eval").body, None)  # value_of None: a TypeError in its code
     except TypeError as error:
-        assert tool.who_raised(sys.exc_info()[2], error) == "checker"
+        assert who_raised(sys.exc_info()[2], error) == "checker"
     else:
         raise AssertionError("no error")
 
@@ -92,12 +95,12 @@ def test_an_error_of_the_checkers_own_code_is_the_checkers(tool):
         ("call", "Error(s) in loading state_dict for Net: Missing key(s)", False, False),
     ],
 )
-def test_what_needs_a_gpu_is_not_checked_and_never_the_scripts(tool, raised, message, refused, stood_in):
+def test_what_needs_a_gpu_is_not_checked_and_never_the_scripts(raised, message, refused, stood_in):
     import types
 
     event = {"type": "RuntimeError", "message": message, "raised": raised}
     facts = types.SimpleNamespace(refused={0: {"refused": "past_node"}} if refused else {})
-    assert tool.needs_gpu(facts, 0, event) is stood_in
+    assert needs_gpu(facts, 0, event) is stood_in
 
 
 @pytest.mark.parametrize(
@@ -111,19 +114,19 @@ def test_what_needs_a_gpu_is_not_checked_and_never_the_scripts(tool, raised, mes
         ("rank == 0", "undecided"),
     ],
 )
-def test_a_guard_on_an_option_every_rank_holds_alike_is_decided_alike(tool, test, decided):
+def test_a_guard_on_an_option_every_rank_holds_alike_is_decided_alike(test, decided):
     def value_of(node):
         is_option = isinstance(node, ast.Attribute) and node.attr == "local_rank"
-        return -1 if is_option else tool.UNDECIDED
+        return -1 if is_option else UNDECIDED
 
-    result = tool.decide(ast.parse(test, mode="eval").body, value_of)
-    assert (result if result is not tool.UNDECIDED else "undecided") == decided
+    result = decide(ast.parse(test, mode="eval").body, value_of)
+    assert (result if result is not UNDECIDED else "undecided") == decided
 
 
-def test_what_the_watcher_knows_of_an_object_is_kept_beside_it_and_goes_with_it(tool):
+def test_what_the_watcher_knows_of_an_object_is_kept_beside_it_and_goes_with_it():
     import torch
 
-    beside, tensor = tool.Beside(), torch.zeros(3)
+    beside, tensor = Beside(), torch.zeros(3)
     beside.set(tensor, 1)
     assert beside.get(tensor) == 1 and not vars(tensor)  # nothing on the tensor itself
     del tensor
@@ -131,35 +134,34 @@ def test_what_the_watcher_knows_of_an_object_is_kept_beside_it_and_goes_with_it(
     assert not beside.table  # forgotten with it: nothing kept alive, no id reused wrongly
 
 
-def test_every_name_the_watcher_relies_on_is_in_this_torch(tool):
+def test_every_name_the_watcher_relies_on_is_in_this_torch():
     """A torch that renames a call the watcher wraps, or a private name it reads, must fail here,
     naming it: the watcher would otherwise skip it, and the rules that read it fall silent."""
-    assert tool.missing_names() == []
+    assert missing_names() == []
 
 
-def test_a_renamed_private_torch_name_fails_with_its_name(tool, monkeypatch):
+def test_a_renamed_private_torch_name_fails_with_its_name(monkeypatch):
     from torch.utils.data import dataloader
 
     monkeypatch.delattr(dataloader._BaseDataLoaderIter, "_next_index")
     monkeypatch.delattr(sys.modules["torch._C"]._nn, "_parse_to")
-    assert tool.missing_names() == [
+    assert missing_names() == [
         "torch.utils.data.dataloader._BaseDataLoaderIter._next_index",
         "torch._C._nn._parse_to",
     ]
 
 
-def test_every_private_name_check_ddp_reads_is_declared(tool):
-    """Each private name check_ddp.py reads of torch's, or of Python's libraries (an attribute `x._name`,
+def test_every_private_name_check_ddp_reads_is_declared():
+    """Each private name check_ddp reads of torch's, or of Python's libraries (an attribute `x._name`,
     a getattr of "_name", a dotted torch._private path, and the attributes torch does not document:
     DDP's require_backward_grad_sync) is listed in PRIVATE or wrapped (WRAPPERS): so the tests above
     look it up. Names of its own (self._trees) and Python's frame introspection are not torch's to rename."""
     import ast
     import re
-    from pathlib import Path
 
-    source = Path(tool.__file__).read_text()
+    source = "\n".join(path.read_text() for path in sorted(PACKAGE.rglob("*.py")))
     tree = ast.parse(source)
-    own = {  # attributes this file sets on objects of its own
+    own = {  # attributes its code sets on objects of its own
         n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
     }
     python = {"_getframe", "_current_frames", "_exit"}  # sys's and os's, documented
@@ -180,7 +182,7 @@ def test_every_private_name_check_ddp_reads_is_declared(tool):
         and name not in own | python
     }
     private |= set(re.findall(r"\btorch(?:\.\w+)*\._[a-z]\w*(?:\.\w+)*", source))
-    declared = [name.replace("()", "") for name in tool.PRIVATE] + [w.key for w in tool.WRAPPERS]
+    declared = [name.replace("()", "") for name in PRIVATE] + [w.key for w in WRAPPERS]
     undeclared = sorted(
         name
         for name in private
@@ -195,15 +197,12 @@ def test_every_private_name_check_ddp_reads_is_declared(tool):
     )
 
 
-# A script watched in one process, without torchrun: check_ddp.py's watcher and stand-in put in place
-# as in a job's worker, then the script's calls, then what was recorded.
+# A script watched in one process, without torchrun: check_ddp's watcher and stand-in put in place as
+# in a job's worker (by the sitecustomize each worker runs), then the script's calls, then what was
+# recorded.
 WATCHED = """
-import importlib.util, io, os, pickle
+import io, pickle
 from copy import deepcopy
-spec = importlib.util.spec_from_file_location("_check_ddp_watcher", os.environ["CHECK_DDP_TOOL"])
-watcher = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(watcher)
-watcher.watch()
 
 import torch
 from torch.utils.data import DataLoader, Sampler, TensorDataset
@@ -232,7 +231,7 @@ print("done")
 """
 
 
-def test_the_watcher_and_the_stand_in_in_one_process(tool, tmp_path):
+def test_the_watcher_and_the_stand_in_in_one_process(tmp_path):
     """Without torchrun: what a script does under the watcher is what it does alone (it finishes,
     prints what it prints), and the records say what it did: the GPU asked for, the loader with no
     length (none asked of it), the batches, the save to memory."""
@@ -241,9 +240,12 @@ def test_the_watcher_and_the_stand_in_in_one_process(tool, tmp_path):
     import subprocess
 
     (tmp_path / "my_train.py").write_text(WATCHED)
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(SITECUSTOMIZE)
     env = {
         **os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-        "CHECK_DDP_FOLDER": str(tmp_path), "CHECK_DDP_TOOL": tool.__file__, "CHECK_DDP_STANDIN": "1",
+        "TORCHELASTIC_RUN_ID": "none", "PYTHONPATH": str(tmp_path / "site"),
+        "CHECK_DDP_FOLDER": str(tmp_path), "CHECK_DDP_TOOL": str(PACKAGE), "CHECK_DDP_STANDIN": "1",
         "CHECK_DDP_STRICT": "1", "CUDA_VISIBLE_DEVICES": "",
     }  # fmt: skip
     proc = subprocess.run(
@@ -265,26 +267,20 @@ def test_the_watcher_and_the_stand_in_in_one_process(tool, tmp_path):
 
 # The stand-in and the watcher, apart: what the stand-in knows (its GPUs, the current one, where each
 # tensor would be, its hooks) is its own, and reaches the watcher, and the judge, as records only.
-SECTIONS = {"watcher": "# 2. record:", "stand-in": "# 2b. the stand-in:", "judge": "# 3. judge:"}
+SIDES = {"watcher": PACKAGE / "watch", "stand-in": PACKAGE / "standin"}
 
 
-def section(tool, name):
-    """The top-level definitions of one of check_ddp.py's sections, parsed."""
-    from pathlib import Path
-
-    source = Path(tool.__file__).read_text()
-    marks = list(SECTIONS.values())
-    start = source.index(SECTIONS[name])
-    end = min((source.index(m) for m in marks if source.index(m) > start), default=len(source))
-    first, last = source[:start].count("\n") + 1, source[:end].count("\n") + 1
-    return [node for node in ast.parse(source).body if first <= node.lineno < last]
+def section(name):
+    """The top-level definitions of one side's modules (watch/, standin/), parsed (check_ddp/worker.py,
+    whose watch() makes both, is neither's)."""
+    return [node for path in sorted(SIDES[name].glob("*.py")) for node in ast.parse(path.read_text()).body]
 
 
-def test_the_watcher_reads_nothing_of_the_stand_ins_but_its_records(tool):
+def test_the_watcher_reads_nothing_of_the_stand_ins_but_its_records():
     """No code of the watcher's (but watch(), which makes both) names the stand-in or what it keeps
     or answers: its object, its state, its methods, its table of torch.cuda's answers, nor torch.cuda,
     which answers for it. (Its records, through the recorder they share, are how it says anything.)"""
-    stand_in = section(tool, "stand-in")
+    stand_in = section("stand-in")
     kept = next(node for node in stand_in if getattr(node, "name", "") == "StandIn")
     its = {node.name for node in kept.body if isinstance(node, ast.FunctionDef)} | {
         node.attr
@@ -297,8 +293,7 @@ def test_the_watcher_reads_nothing_of_the_stand_ins_but_its_records(tool):
     }
     read = [
         f"{ast.unparse(node)}, line {node.lineno}"
-        for top in section(tool, "watcher")
-        if getattr(top, "name", None) != "watch"
+        for top in section("watcher")
         for node in ast.walk(top)
         if isinstance(node, ast.Attribute)
         and (node.attr in its or ast.unparse(node) == "torch.cuda")
@@ -308,13 +303,13 @@ def test_the_watcher_reads_nothing_of_the_stand_ins_but_its_records(tool):
     assert not read, read
 
 
-def test_what_the_stand_in_puts_in_torchs_place_is_declared(tool):
+def test_what_the_stand_in_puts_in_torchs_place_is_declared():
     """Everything the stand-in puts in torch's place is declared (stands_in, replaces: WRAPPERS),
     so that missing_names looks it up and the recorder's digest names it: no setattr of its own, no
     assignment to an attribute of a module or class it did not make."""
     own = [
         f"{ast.unparse(node)}, line {node.lineno}"
-        for top in section(tool, "stand-in")
+        for top in section("stand-in")
         for node in ast.walk(top)
         if isinstance(node, ast.Call)
         and ast.unparse(node.func) == "setattr"
@@ -325,7 +320,7 @@ def test_what_the_stand_in_puts_in_torchs_place_is_declared(tool):
         )
     ]
     assert not own, own
-    stood_in = {w.key for w in tool.WRAPPERS if w.standin}
+    stood_in = {w.key for w in WRAPPERS if w.standin}
     assert {
         "torch.cuda.is_available",
         "torch.distributed.is_nccl_available",
@@ -333,14 +328,14 @@ def test_what_the_stand_in_puts_in_torchs_place_is_declared(tool):
     } <= stood_in
 
 
-def test_the_stand_in_answers_as_a_node_of_gpus_and_says_so_in_records(tool):
+def test_the_stand_in_answers_as_a_node_of_gpus_and_says_so_in_records():
     """The stand-in alone, in this process: the GPU made current, a tensor "on" it, a GPU its node
     lacks refused as CUDA refuses it; each ask recorded once a way and line, device_count's read once."""
     import torch
 
     rec = Recorded()
-    stand_in = tool.StandIn(rec, node_gpus=2)
-    answer = {name: functools.partial(tool.CUDA_ANSWERS[name], stand_in) for name in tool.CUDA_ANSWERS}
+    stand_in = StandIn(rec, node_gpus=2)
+    answer = {name: functools.partial(CUDA_ANSWERS[name], stand_in) for name in CUDA_ANSWERS}
     for _ in range(2):
         answer["set_device"]("cuda:1")
         assert answer["device_count"]() == 2
@@ -364,27 +359,27 @@ def test_the_stand_in_answers_as_a_node_of_gpus_and_says_so_in_records(tool):
     ]
 
 
-def test_every_public_name_of_torch_cuda_is_stood_in_or_left_to_torch_with_a_reason(tool):
+def test_every_public_name_of_torch_cuda_is_stood_in_or_left_to_torch_with_a_reason():
     """torch.cuda as a whole, enumerated from torch itself, not from the scripts seen so far: each public
     name is answered by the stand-in, or declared left to torch (CUDA_LEFT, with why), so that an old or
     rare GPU call never empties a check by surprise, and a torch that adds one fails here, naming it."""
     import torch
 
-    stood_in = {w.name for w in tool.WRAPPERS if w.standin and w.owner == "torch.cuda"}
-    assert not stood_in & set(tool.CUDA_LEFT), "a name both stood in and left"
-    missing = sorted(set(torch.cuda.__all__) - stood_in - set(tool.CUDA_LEFT))
+    stood_in = {w.name for w in WRAPPERS if w.standin and w.owner == "torch.cuda"}
+    assert not stood_in & set(CUDA_LEFT), "a name both stood in and left"
+    missing = sorted(set(torch.cuda.__all__) - stood_in - set(CUDA_LEFT))
     assert not missing, f"torch.cuda's public names neither stood in nor left with a reason: {missing}"
 
 
-def test_the_legacy_gpu_tensor_types_stand_in_as_an_older_script_uses_them(tool):
+def test_the_legacy_gpu_tensor_types_stand_in_as_an_older_script_uses_them():
     """torch.cuda.FloatTensor(...), x.type(torch.cuda.LongTensor), isinstance(x, torch.cuda.FloatTensor)
     and x.type() as an older script uses them: a CPU tensor of the type's dtype, on the current GPU."""
     import torch
 
     rec = Recorded()
-    stand_in = tool.StandIn(rec, node_gpus=2)
-    types_ = {k: tool.legacy_type(None, stand_in, f"{k}Tensor") for k in ("Float", "Long")}
-    to_type = tool.tensor_type(torch.Tensor.type, stand_in, "type")
+    stand_in = StandIn(rec, node_gpus=2)
+    types_ = {k: legacy_type(None, stand_in, f"{k}Tensor") for k in ("Float", "Long")}
+    to_type = tensor_type(torch.Tensor.type, stand_in, "type")
     made = types_["Float"](2, 3)
     assert made.dtype == torch.float32 and made.shape == (2, 3) and stand_in.placed(made) == "cuda:0"
     assert isinstance(made, types_["Float"]) and not isinstance(torch.zeros(1), types_["Float"])

@@ -228,16 +228,19 @@ def test_each_kept_file_keeps_the_summaries_and_printed_lines_its_own_measuremen
 def test_the_readmes_sample_report_is_its_kept_job_judged_again_times_and_all():
     # the README shows what its check printed, its times too; the job that printed it is kept
     # (tests/readme_report_job/), and judged again it prints the same, all but the job's folder
-    from test_check_ddp import README_JOB, README_REPORT, load_tool, normalised
+    from test_check_ddp import README_JOB, README_REPORT, normalised
 
-    tool = load_tool()
+    from check_ddp.job import Job
+    from check_ddp.judge.engine import judge
+    from check_ddp.records import FORMAT
+    from check_ddp.report import report
+    from check_ddp.worker import recorder
+
     record = "python tests/record_check_ddp_jobs.py --readme"
-    assert tool.Job.made_by(README_JOB) == (tool.FORMAT, tool.recorder()), (
-        f"recorded by another version: {record}"
-    )
-    job = tool.Job.load(README_JOB)
+    assert Job.made_by(README_JOB) == (FORMAT, recorder()), f"recorded by another version: {record}"
+    job = Job.load(README_JOB)
     _, shown = README_REPORT.search(README.read_text()).groups()
-    assert normalised(shown) == normalised(tool.report(job, tool.judge(job))), (
+    assert normalised(shown) == normalised(report(job, judge(job))), (
         f"the README's sample report is not its kept job's: {record}"
     )
 

@@ -71,6 +71,7 @@ def copy_project(dest):
     (dest / "benchmarks").mkdir()
     shutil.copy(ROOT / MEMORY_KEPT, dest / MEMORY_KEPT)
     shutil.copy(ROOT / "check_ddp.py", dest / "check_ddp.py")
+    shutil.copytree(ROOT / "check_ddp", dest / "check_ddp", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(ROOT / "pitfalls", dest / "pitfalls", ignore=shutil.ignore_patterns("__pycache__"))
     return copy_scripts(dest)
 

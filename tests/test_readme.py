@@ -123,8 +123,8 @@ def test_the_fsdp_steps_are_named_in_train_fsdp_as_docs_fsdp_md_names_them():
 
 def test_check_ddp_names_the_steps_as_the_readme_does_and_its_pitfalls_exist():
     steps = {number: name for number, (name, _) in readme_steps().items()}
-    assert assigned(ROOT / "check_ddp.py", "STEPS") == steps
-    pitfalls = assigned(ROOT / "check_ddp.py", "PITFALLS").values()
+    assert assigned(ROOT / "check_ddp/steps.py", "STEPS") == steps
+    pitfalls = assigned(ROOT / "check_ddp/steps.py", "PITFALLS").values()
     assert [path for path in pitfalls if not (ROOT / path).is_file()] == []
 
 
