@@ -17,10 +17,11 @@ README.md. How it works, in the order the data flows (the package's parts, in th
    between watcher and judge. The stand-in (standin/), where there are no GPUs, puts CPU versions
    of CUDA and NCCL in torch's place, declared as the watcher's wrappers are and applied first.
    Nothing on this side imports the judge: it runs inside the learner's processes.
-3. judge (judge/, rules/): Facts reads a job's records and derives, once, what several rules need;
-   Source reads the script's code as the job saw it, for what the run did not show. Each rule is
-   one finding, in the module of its DDP step (rules/step3_shard.py holds DDP3xx): a code, its
-   verdict, its help, and its docstring, the explanation --explain prints.
+3. judge (judge/, rules/, verdict.py): Facts reads a job's records and derives, once, what several
+   rules need; Source reads the script's code as the job saw it, for what the run did not show. Each
+   rule is one finding, in the module of its DDP step (rules/step3_shard.py holds DDP3xx): a code, its
+   verdict, its help, and its docstring, the explanation --explain prints (explain.py). verdict.py
+   runs them: judge(job) returns the job's Verdict, and writes on nothing it is given.
 4. report (report.py): a line per step, the script's own error after them, the verdict last.
 
 How to add a check:

@@ -10,14 +10,14 @@ import signal
 import sys
 from pathlib import Path
 
+from .explain import explain
 from .job import Job
-from .judge.engine import judge, judge_run
-from .judge.explain import explain
 from .judge.registry import RULES
 from .judge.source import unknown_ignores
 from .records import FORMAT
 from .report import as_json, explain_command, report
 from .run import run_job
+from .verdict import judge, judge_run
 from .worker import recorder
 
 

@@ -36,8 +36,8 @@ from test_check_ddp import (  # noqa: E402
 )
 
 from check_ddp.job import Job  # noqa: E402
-from check_ddp.judge.engine import judge  # noqa: E402
 from check_ddp.report import report  # noqa: E402
+from check_ddp.verdict import judge  # noqa: E402
 
 KEPT = ("job.json", "output.log", "rank*.jsonl")  # what the judge reads
 

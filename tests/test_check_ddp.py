@@ -30,11 +30,11 @@ import torch
 from helpers import ROOT, copy_scripts, cpu_env, notebook_exercise, readme_conversion, run, selected
 
 from check_ddp.job import Job
-from check_ddp.judge.engine import judge
 from check_ddp.judge.registry import AT_THE_END, ORDER, RETIRED, RULES, SUMMARIES
 from check_ddp.records import FORMAT
 from check_ddp.report import as_json, report, see
 from check_ddp.steps import PITFALLS, STEPS
+from check_ddp.verdict import judge
 from check_ddp.worker import recorder
 
 CHECK = ROOT / "check_ddp.py"
@@ -326,8 +326,8 @@ def test_pip_install_gives_a_check_ddp_command_that_checks_train_ddp_from_a_fres
     (venv / "lib").glob("python*/site-packages").__next__().joinpath("torch_of_the_tests.pth").write_text(
         str(Path(torch.__file__).parent.parent) + "\n"
     )
-    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--no-index", "--no-build-isolation"]
-    run([*pip, str(source)], cwd=tmp_path, timeout=300)
+    # as a learner installs it: pip builds it with setuptools from the package index, as README.md's set-up does
+    run([str(venv / "bin" / "python"), "-m", "pip", "install", str(source)], cwd=tmp_path, timeout=300)
     command = str(venv / "bin" / "check-ddp")
     (tmp_path / "mine").mkdir()
     work = copy_scripts(tmp_path / "mine")

@@ -15,8 +15,8 @@ import sys
 import pytest
 from helpers import ROOT
 
+import check_ddp.verdict as judging
 from check_ddp.job import Job, runs
-from check_ddp.judge import engine
 from check_ddp.report import as_json, report
 
 PACKAGE = ROOT / "check_ddp"
@@ -143,13 +143,13 @@ def test_the_judge_writes_on_nothing_it_is_given_and_judges_each_run_once(case, 
     chain = runs(job)
     before = state_of(job)
     judged = []
-    judge_run = engine.judge_run
-    monkeypatch.setattr(engine, "judge_run", lambda run: judged.append(run.folder) or judge_run(run))
-    verdict = engine.judge(job)
+    judge_run = judging.judge_run
+    monkeypatch.setattr(judging, "judge_run", lambda run: judged.append(run.folder) or judge_run(run))
+    verdict = judging.judge(job)
     assert judged == [run.folder for run in chain]
     report(job, verdict)
     as_json(job, verdict)
     assert len(judged) == len(chain), "the report judged a run again"
     assert state_of(job) == before
-    again = engine.judge(job, {run.folder: found for run, found in zip(chain, verdict.runs, strict=True)})
+    again = judging.judge(job, {run.folder: found for run, found in zip(chain, verdict.runs, strict=True)})
     assert len(judged) == len(chain) and again == verdict  # runs judged already are not judged again

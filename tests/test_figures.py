@@ -231,9 +231,9 @@ def test_the_readmes_sample_report_is_its_kept_job_judged_again_times_and_all():
     from test_check_ddp import README_JOB, README_REPORT, normalised
 
     from check_ddp.job import Job
-    from check_ddp.judge.engine import judge
     from check_ddp.records import FORMAT
     from check_ddp.report import report
+    from check_ddp.verdict import judge
     from check_ddp.worker import recorder
 
     record = "python tests/record_check_ddp_jobs.py --readme"

@@ -1,16 +1,17 @@
-"""3. judge: what the records say. For each step, the first rule that finds something (and that the
-script does not silence: # check_ddp: ignore[CODE]) is the step's line; else the step's summary says
-ok, or -- for not checked. Then one cause, one FAIL: what follows from a finding says so."""
+"""3. judge: the verdict, from what the records say. For each step, the first rule that finds
+something (and that the script does not silence: # check_ddp: ignore[CODE]) is the step's line; else
+the step's summary says ok, or -- for not checked. Then one cause, one FAIL: what follows from a
+finding says so. The job is read, never written; each run of it is judged once."""
 
 import re
 from dataclasses import dataclass
 
-from .. import rules  # noqa: F401 (every rule, registered)
-from ..job import runs
-from ..steps import SCRIPT, STEPS
-from .crash import own_errors
-from .facts import Facts
-from .registry import AT_THE_END, ORDER, RULES, SUMMARIES, Line, rule_of
+from . import rules  # noqa: F401 (every rule, registered)
+from .job import runs
+from .judge.crash import own_errors
+from .judge.facts import Facts
+from .judge.registry import AT_THE_END, ORDER, RULES, SUMMARIES, Line, rule_of
+from .steps import SCRIPT, STEPS
 
 
 def stopper(line):

@@ -1,8 +1,9 @@
 """--explain: every code with its one-line summary, or one rule's page."""
 
-from ..report import explain_command, pitfall_path
-from ..steps import PITFALLS, STEPS
-from .registry import RETIRED, RULES
+from . import rules  # noqa: F401 (every rule, registered)
+from .judge.registry import RETIRED, RULES
+from .report import explain_command, pitfall_path
+from .steps import PITFALLS, STEPS
 
 
 def explain(code):
