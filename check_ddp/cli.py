@@ -154,12 +154,18 @@ def checked_script(parser, options):
 
 
 def set_aside(options, job, judged):
-    """What stopped the job that a run could set aside: "launch", the script's own launch variables
-    and init_process_group() arguments over torchrun's (torchrun's are kept); "layout", a GPU index
-    only the rehearsed nodes lack (one node of all the processes); nothing if the job did not stop."""
-    if not (job.hung or job.returncode):
-        return set()
-    found = {RULES[x.code].sets_aside for x in judged.stoppers}
+    """What a run again sets aside, to check the rest: "launch", the script's own launch variables and
+    init_process_group() arguments over torchrun's (torchrun's are kept); "layout", the rehearsed nodes
+    (one node of all the processes); "launcher", torchrun's launch, the job made as the launcher the
+    script was written for would make it. A launch of the script's own is set aside whether or not the
+    job stopped; anything else only where it stopped the job."""
+    stopped = job.hung or job.returncode
+    found = {
+        kind
+        for x in judged.stoppers
+        if stopped or RULES[x.code].launch == "root"
+        for kind in RULES[x.code].sets_aside
+    }
     if options.nnodes is not None or job.nnodes == 1:
         found.discard("layout")
-    return found - {None}
+    return found

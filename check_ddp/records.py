@@ -118,15 +118,16 @@ OPTIONAL = {
     # each rank evaluated, to compare between ranks; the files this rank wrote that are empty (nothing in
     # them to tear: a lock, a marker); the script's own Python files it imported (their code is read for
     # what the run did not reach); the local shards of the last model sharded, summed as at its shard
-    # record (None: no model was sharded)
-    "exit": {"eval_inputs": [], "empty": None, "files": None, "sharded": None},
+    # record (None: no model was sharded); what the rank wrote into each file it opened to write over ({path:
+    # bytes, or None where not known}; None: not looked at)
+    "exit": {"eval_inputs": [], "empty": None, "files": None, "sharded": None, "wrote": None},
     # a file written: "overwrite" (opened to write from its start, or renamed into place), "append";
-    # a folder made: "create"
-    "write": {"mode": None},
+    # a folder made: "create"; the script's lines that led to it, innermost first (a save's too)
+    "write": {"mode": None, "stack": None},
     # a checkpoint saved to a file, read back as torch.load(weights_only=True) reads it: the globals it
     # would refuse (torch.serialization.get_unsafe_globals_in_checkpoint; [] for none, None: not known),
     # and where in the saved object the first such value is, with its type ("['args']: argparse.Namespace")
-    "save": {"unsafe": None, "unsafe_at": None},
+    "save": {"unsafe": None, "unsafe_at": None, "stack": None},
     # a file loaded: whether its folder is one anyone on the machine may write to (/tmp, say)
     "load": {"shared": None},
     # a DataLoader over a Subset (a split): a fingerprint of the samples of its dataset it holds
@@ -134,6 +135,9 @@ OPTIONAL = {
     # a GPU the stand-in refused, as CUDA or torch would: "negative" (a negative index), "past_node" (one
     # the node lacks: "invalid device ordinal"), "invalid" (a device torch.device() cannot parse)
     "gpu": {"refused": None},
+    # a state dict loaded after training into the replica trained: the replica's weights as training ended
+    # (None: before training, or into another model)
+    "load_state": {"trained": None},
     # a forward without gradients through a sharded model ("sharded": it all-gathers, a collective), or
     # not (None: through DDP, or the model DDP wraps)
     "eval": {"through": None},

@@ -7,7 +7,7 @@ import textwrap
 from pathlib import Path
 
 from .job import runs
-from .judge.registry import RULES, SET_ASIDE
+from .judge.registry import SET_ASIDE
 from .judge.words import plural
 from .steps import PITFALLS, STEPS
 
@@ -73,6 +73,7 @@ def as_json(job, verdict):
             "at": re.findall(r"[\w./-]+\.py:\d+", line.message),
             "help": line.help if line.verdict in ("FAIL", "warn") else None,
             "see": see(line) if line.verdict in ("FAIL", "warn") else None,
+            "run": line.run,
         }
         for line in verdict.lines
     ]
@@ -81,6 +82,11 @@ def as_json(job, verdict):
         "how": how_it_ran(job),
         "seconds": round(job.seconds, 1),
         "exit": verdict.status,
+        # the job, then each run of it again, with what it set aside: a finding's "run" is its index
+        "runs": [
+            {"how": how_it_ran(run), "set_aside": list(run.aside), "seconds": round(run.seconds, 1)}
+            for run in runs(job)
+        ],
         "findings": findings,
         "ignored": [{"code": code, "at": at, "step": step} for code, at, step in verdict.ignored],
         "unknown_ignores": [{"at": at, "code": code} for at, code in verdict.unknown_ignores],
@@ -98,10 +104,10 @@ def report(job, verdict):
     out = [f"check_ddp: {' '.join(job.command)}  ({how_it_ran(job)}; {job.seconds:.1f} s)"]
     for before, again in zip(verdict.runs[:-1], runs(job)[1:], strict=True):
         stops = before.stoppers
-        what = " and ".join(SET_ASIDE[RULES[line.code].sets_aside] for line in stops)
+        what = " and ".join(SET_ASIDE[kind] for kind in sorted(again.aside, key=list(SET_ASIDE).index))
         steps = ", ".join(str(line.step) for line in stops)
         out.append(
-            f"check_ddp: it stopped at DDP step {steps}, so checked again {what} ({how_it_ran(again)}; "
+            f"check_ddp: DDP step {steps} failed, so checked again {what} ({how_it_ran(again)}; "
             f"{again.seconds:.1f} s): DDP step {steps} from the run before, the other steps from this one"
         )
     lines = verdict.lines

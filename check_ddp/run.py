@@ -38,6 +38,8 @@ def run_job(options, aside=()):
     env["CHECK_DDP_NNODES"] = str(nnodes)
     if "launch" in aside:  # the script's own launch variables and init arguments set aside: torchrun's kept
         env["CHECK_DDP_KEEP_LAUNCH"] = "1"
+    if "launcher" in aside:  # the job as the launcher the script was written for makes it
+        env["CHECK_DDP_AS_LAUNCHER"] = "1"
     if device == "cpu":  # --cpu, or fewer GPUs than processes: the CPU, as on a laptop, CUDA stood in
         env.update(CUDA_VISIBLE_DEVICES="", CHECK_DDP_STANDIN="1")
     else:  # each rehearsed node its own GPUs: those CUDA_VISIBLE_DEVICES lists, in order, or all

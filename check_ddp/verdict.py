@@ -4,7 +4,7 @@ the step's summary says ok, or -- for not checked. Then one cause, one FAIL: wha
 finding says so. The job is read, never written; each run of it is judged once."""
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from . import rules  # noqa: F401 (every rule, registered)
 from .job import runs
@@ -15,8 +15,9 @@ from .steps import SCRIPT, STEPS
 
 
 def stopper(line):
-    """A FAIL that stopped its run and that a run again set aside (RULES' sets_aside)."""
-    return line.verdict == "FAIL" and line.code in RULES and RULES[line.code].sets_aside is not None
+    """A FAIL that a run again sets aside, to check the rest (RULES' sets_aside): one that stopped its
+    run, or a launch of the script's own (which the run again makes as its launcher would)."""
+    return line.verdict in ("FAIL", "warn") and line.code in RULES and bool(RULES[line.code].sets_aside)
 
 
 @dataclass(frozen=True)
@@ -66,14 +67,24 @@ def judge(job, judged=None):
     chain = runs(job)
     found = [(judged or {}).get(run.folder) or judge_run(run) for run in chain]
     kept = {}
-    for run in found[:-1]:
+    for n, run in enumerate(found[:-1]):
         for line in run.stoppers:
-            kept.setdefault(line.step, line)
-    last = [x for x in found[-1].lines if x.step not in kept]
-    launch = [x.step for x in kept.values() if RULES[x.code].sets_aside == "launch"]
-    if launch and "launch" in chain[-1].aside:  # the script numbers its processes itself: so do its samplers
+            kept.setdefault(line.step, replace(line, run=n))
+    last = [replace(x, run=len(found) - 1) for x in found[-1].lines]
+    for x in last:  # a step the run again FAILs says so, over a warning of the run before
+        if x.step in kept and kept[x.step].verdict == "warn" and x.verdict == "FAIL":
+            del kept[x.step]
+    last = [x for x in last if x.step not in kept]
+    # the script numbers its processes itself (a launch of its own set aside, torchrun's kept): so do its
+    # samplers, whose findings follow from it (not so for a launch made as its own launcher makes it)
+    launch = [
+        x.step
+        for x in kept.values()
+        if "launch" in RULES[x.code].sets_aside and RULES[x.code].launch != "root"
+    ]
+    if launch and "launch" in chain[-1].aside:
         last = [
-            Line(x.step, "--", f"follows from DDP step {min(launch)}: {x.message}")
+            Line(x.step, "--", f"follows from DDP step {min(launch)}: {x.message}", run=x.run)
             if RULES.get(x.code) and RULES[x.code].launch == "follows"
             else x
             for x in last
@@ -149,7 +160,7 @@ def finding(rule, found, step=None):
         return Line(step or rule.step, "--", found.message, explains=frozenset(explains))
     return Line(
         step or rule.step, rule.verdict, found.message, rule.code, found.help or rule.help,
-        found.see or rule.see, frozenset(explains), found.follows,
+        found.see or rule.see, frozenset(explains), found.follows, found.follows_across,
     )  # fmt: skip
 
 
@@ -162,32 +173,46 @@ def consequences(lines):
     """One cause, one FAIL: a finding that says which later or earlier steps follow from it turns
     those steps' lines (unless ok) into `--`, saying so: the step whose change fixes it is the one
     that FAILs. A launch of the script's own (RULES' launch "root") is the cause of every finding that
-    follows from one (launch "follows"): its ranks never formed the job torchrun made."""
-    roots = {step: (line, text) for line in lines for step, text in (line.follows or {}).items()}
+    follows from one (launch "follows"): its ranks never formed the job torchrun made. A finding speaks
+    for its own run only: a run again, with what stopped the first set aside (or made as its own
+    launcher makes it), is judged on what it shows."""
+    roots = {(line.run, step): (line, text) for line in lines for step, text in (line.follows or {}).items()}
     launch = next(
         (x for x in lines if x.verdict == "FAIL" and rule_of(x) and rule_of(x).launch == "root"), None
     )
     if launch:  # the launch is the cause of what follows from it, and of what those findings say follows
         followers = {
-            x.step
+            (x.run, x.step)
             for x in lines
-            if x.verdict in ("FAIL", "warn") and rule_of(x) and rule_of(x).launch == "follows"
+            if x.verdict in ("FAIL", "warn")
+            and rule_of(x)
+            and rule_of(x).launch == "follows"
+            and x.run == launch.run
         }
         roots = {
-            step: (line, text)
+            (line.run, step): (line, text)
             for line in lines
-            if line.step not in followers
+            if (line.run, line.step) not in followers
             for step, text in (line.follows or {}).items()
         }
-        roots |= {step: (launch, (launch.follows or {}).get(step, "")) for step in followers}
+        roots |= {key: (launch, (launch.follows or {}).get(key[1], "")) for key in followers}
+    # the first place the ranks parted: every finding that compares them, after it, follows from it
+    for root in (x for x in lines if x.follows_across and x.verdict == "FAIL"):
+        for x in lines:
+            if x.run == root.run and x is not root and x.verdict in ("FAIL", "warn") and rule_of(x).across:
+                roots.setdefault((x.run, x.step), (root, root.follows_across))
     out = []
     for line in lines:
-        root = roots.get(line.step)
+        root = roots.get((line.run, line.step))
         # a line that is ok stays ok, unless the finding says what of it follows (its text)
         if root and (line.verdict != "ok" or root[1]) and root[0] is not line:
             text = root[1] or line.message
             line = Line(
-                line.step, "--", f"follows from DDP step {root[0].step}: {text}", explains=line.explains
+                line.step,
+                "--",
+                f"follows from DDP step {root[0].step}: {text}",
+                explains=line.explains,
+                run=line.run,
             )
         out.append(line)
     return out

@@ -105,4 +105,24 @@ def rehearse_nodes():
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(
             gpus.split(",")[node * per_node : (node + 1) * per_node]
         )
+    if os.environ.get("CHECK_DDP_AS_LAUNCHER") == "1":
+        os.environ.update(as_its_launcher(rank, world, node, nodes, per_node))
     return node, per_node
+
+
+def as_its_launcher(rank, world, node, nodes, per_node):
+    """Who this process is, as the other launchers say it (a run again as the launcher the script was
+    written for, where it reads theirs, not torchrun's): SLURM's srun, Open MPI's and MPICH's mpirun,
+    MVAPICH's. (A --local_rank option, torch.distributed.launch's, is passed by the watcher's
+    parse_args.)"""
+    local = rank % per_node
+    said = {
+        "SLURM_PROCID": rank, "SLURM_LOCALID": local, "SLURM_NTASKS": world, "SLURM_NODEID": node,
+        "SLURM_NNODES": nodes, "SLURM_JOB_NUM_NODES": nodes, "SLURM_NTASKS_PER_NODE": per_node,
+        "SLURM_GPUS_ON_NODE": per_node,
+        "OMPI_COMM_WORLD_RANK": rank, "OMPI_COMM_WORLD_SIZE": world, "OMPI_COMM_WORLD_LOCAL_RANK": local,
+        "OMPI_COMM_WORLD_LOCAL_SIZE": per_node, "OMPI_COMM_WORLD_NODE_RANK": node,
+        "PMI_RANK": rank, "PMI_SIZE": world, "MPI_LOCALRANKID": local, "MPI_LOCALNRANKS": per_node,
+        "MV2_COMM_WORLD_RANK": rank, "MV2_COMM_WORLD_SIZE": world, "MV2_COMM_WORLD_LOCAL_RANK": local,
+    }  # fmt: skip
+    return {key: str(value) for key, value in said.items()}

@@ -6,6 +6,8 @@ end). Each is tried first in its step: a hang explains what else looks wrong. An
 data, the datasets the ranks built, the metrics they reduced, what they evaluated."""
 
 import collections
+import os
+import re
 
 from ..watch.collectives import COLLECTIVES, REDUCING
 from ..watch.registry import CALLS
@@ -264,3 +266,82 @@ def evaluating(f, rank):
 
 def crashed_in_evaluation(f):
     return f.crash is not None and f.crash[1].get("loader") in f.evaluation
+
+
+def once_per_node(f, by):
+    """Whether the ranks of `by` ({rank: its write or save record}) are one a node, each writing under a
+    test of its local rank (`if local_rank == 0:`, at the write, or where it was called from): a file
+    made once per node, by design. On one machine that is one writer; on nodes that share a disk, one a
+    node, at once. (The rehearsed nodes share this machine's disk.)"""
+    nodes = [f.starts[r]["node"] for r in by]
+    if len(by) < 2 or len(set(nodes)) != len(nodes):
+        return False
+    return all(
+        any(
+            re.search(r"local", f.source.rank_condition(at) or "", re.I) for at in e.get("stack") or [e["at"]]
+        )
+        for e in by.values()
+    )
+
+
+def written_once_per_node(f):
+    """The files written once per node ({path: {rank: its first save or write of it}}), each rank's
+    write with something in it (a file it opened and left empty is no write)."""
+    by_path = {}
+    for r, e in [*f.job.records("save"), *f.job.records("write")]:
+        path = f.renamed.get(e["path"], e["path"])
+        if path and (e["e"] == "save" or e["how"] == "os.mkdir" or f.wrote_into(r, e["path"])):
+            by_path.setdefault(path, {}).setdefault(r, e)
+    return {path: by for path, by in sorted(by_path.items()) if once_per_node(f, by)}
+
+
+def per_node_finding(f, before_training):
+    """A file written once per node, before training began (the data, prepared) or after (a checkpoint,
+    a log): the finding of a multi-node risk, said as such; where the job stopped on that file (torn by
+    the other node's write, on this machine's one disk), what it explains, and the rest is checked again
+    as one node (the rule's sets_aside)."""
+    for path, by in written_once_per_node(f).items():
+        first_steps = {r: first_index(f, r, "step") for r in by}
+        early = all(first_steps[r] is None or index_of(f, r, e) < first_steps[r] for r, e in by.items())
+        if early != before_training:
+            continue
+        e = by[min(by)]
+        guard = next(
+            (
+                g
+                for at in e.get("stack") or [e["at"]]
+                if (g := f.source.rank_condition(at)) and "local" in g.lower()
+            ),
+            "",
+        )
+        stopped = f.crash is not None and stopped_on(f, path)
+        return Found(
+            f"{ranks_text(by)}, local rank 0 of each node (`{guard}`), wrote {f.job.relpath(path)} at "
+            f"{f.code(e['at'])}: once per node, so on nodes that share a disk they write it at once (a "
+            "risk of several machines: here the rehearsed nodes share this one's disk"
+            + (
+                f", and rank {f.crash[0]} stopped on the file: {short(f.crash[1]['message'])})"
+                if stopped
+                else ")"
+            ),
+            explains=("crash",) if stopped else (),
+        )
+    return None
+
+
+def first_index(f, rank, kind):
+    return next((i for i, e in enumerate(f.job.ranks[rank]) if e["e"] == kind), None)
+
+
+def index_of(f, rank, event):
+    return next(i for i, e in enumerate(f.job.ranks[rank]) if e is event)
+
+
+def stopped_on(f, path):
+    """Whether the job's crash was on path: its error names it, or the rank's last read of a file (a
+    torch.load) before the crash was of it."""
+    rank, e = f.crash
+    if e["path"] == path or os.path.basename(path) in (e["message"] or ""):
+        return True
+    loads = [x for x in f.job.ranks[rank] if x["e"] == "load"]
+    return bool(loads) and loads[-1]["path"] == path and e.get("call") == "torch.load"

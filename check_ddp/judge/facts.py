@@ -5,6 +5,7 @@ import functools
 
 from ..watch.collectives import REDUCING
 from .crash import COMMUNICATION_ERROR, INIT
+from .divergence import first_divergence
 from .source import Source
 
 
@@ -19,6 +20,11 @@ class Facts:
         self.errors = []  # rules of check_ddp's own that failed on this job: "CODE: error"
         self.source = Source(job)  # the script's code, for what the records do not show
         self.code = self.source.code  # a line as evidence: file:line `its text`
+
+    @functools.cached_property
+    def divergence(self):
+        """The first place the ranks' shared calls part (check_ddp.judge.divergence), or None."""
+        return first_divergence(self.job.ranks, self.world, set(self.training_loaders))
 
     @functools.cached_property
     def starts(self):
@@ -74,6 +80,18 @@ class Facts:
         """The files written that were empty at the end (a lock, a marker): nothing in them to tear. Each
         rank says which of its files were, as it ended."""
         return {path for _, e in self.job.records("exit") for path in e["empty"] or ()}
+
+    def wrote_into(self, rank, path):
+        """Whether the rank wrote anything into path: it appended to it, renamed a file into place there,
+        or, having opened it to write over, wrote into it as far as its end's record knows (only what
+        it is known to have left empty, it did not write)."""
+        events = [e for _, e in self.job.records("write", rank=rank) if e["path"] == path]
+        if any(e["mode"] != "overwrite" or e["how"] != "open" for e in events):
+            return True
+        wrote = next(
+            (e["wrote"] for _, e in self.job.records("exit", rank=rank) if e["wrote"] is not None), None
+        )
+        return wrote is None or wrote.get(path) is None or wrote[path] > 0
 
     @functools.cached_property
     def refused(self):
@@ -172,6 +190,14 @@ class Facts:
         """How the replicas' weights differ at the end ("" when they are equal; None when fewer
         than two ranks had any, or the model is sharded: each rank holds other parameters, by design)."""
         weights = {r: e["weights"] for r, e in self.job.records("exit") if e["weights"]}
+        for (
+            r,
+            events,
+        ) in self.job.ranks.items():  # a rank that loaded other weights after training: as trained
+            last = max((i for i, e in enumerate(events) if e["e"] == "step"), default=None)
+            trained = [e["trained"] for e in events[last or 0 :] if e["e"] == "load_state" and e["trained"]]
+            if last is not None and trained:
+                weights[r] = trained[0]
         if len(weights) < 2 or self.job.records("shard"):
             return None
         ranks = sorted(weights)

@@ -20,6 +20,8 @@ class Line:
     see: str = None
     explains: frozenset = frozenset()
     follows: dict = None  # {step: text}: the steps whose lines follow from this finding
+    follows_across: str = None  # every finding that compares the ranks follows from this one, saying this
+    run: int = 0  # the run it comes from: 0, the job; 1, the job run again, with what stopped it set aside
 
 
 @dataclass
@@ -31,6 +33,7 @@ class Found:
     help: str = None
     explains: tuple = None
     follows: dict = None  # {step: what of that step follows from this finding}: those steps say so
+    follows_across: str = None  # what of every finding that compares the ranks follows from this one
     step: int = None  # the step of the line, for a rule of no step of its own (AT_THE_END)
     see: str = None  # a pitfall for this finding, where the rule's is not the one that shows it
     verdict: str = None  # "--": the rule saw it, and it is not the script's mistake (not checked)
@@ -45,11 +48,14 @@ class Rule:
     help: str
     see: str  # a key of PITFALLS, or None
     explains: tuple  # "crash", "hang": what of the job's end the finding accounts for, by default
-    sets_aside: str  # a mistake that stops the job, which a run again can set aside: a key of SET_ASIDE
+    sets_aside: tuple  # what a run again sets aside to check the rest (keys of SET_ASIDE), or ()
     # "root": a launch of the script's own (its processes, or who they are, not torchrun's: DDP step 8);
     # "follows": a finding that follows from such a launch, where one FAILs or was set aside (its ranks
     # never formed torchrun's job: they meet elsewhere, claim one rank, or train alone)
     launch: str
+    # a finding that compares the ranks (their data, their calls, their weights): what an earlier place
+    # where the ranks parted explains (a finding's follows_across)
+    across: bool = False
 
     @property
     def doc(self):
@@ -64,11 +70,12 @@ RULES = {}  # code: Rule
 # cause before its symptoms, and a FAIL before a warn of the same evidence.
 ORDER = {
     1: ("DDP101", "DDP102", "DDP103", "DDP104", "DDP105", "DDP106", "DDP107"),
-    2: ("DDP201", "DDP202", "DDP203", "DDP204", "DDP205"),
-    3: ("DDP307", "DDP301", "DDP302", "DDP303", "DDP304", "DDP305", "DDP306"),
+    2: ("DDP201", "DDP202", "DDP203", "DDP204", "DDP205", "DDP206"),
+    3: ("DDP307", "DDP301", "DDP302", "DDP303", "DDP304", "DDP305", "DDP306", "DDP308"),
     4: ("DDP401", "DDP403", "DDP404", "DDP405", "DDP408", "DDP406", "DDP407"),
     5: ("DDP508", "DDP506", "DDP505"),
     6: (
+        "DDP615",
         "DDP609",
         "DDP614",
         "DDP611",
@@ -76,6 +83,7 @@ ORDER = {
         "DDP602",
         "DDP612",
         "DDP610",
+        "DDP616",
         "DDP603",
         "DDP608",
         "DDP604",
@@ -121,16 +129,27 @@ SET_ASIDE = {
     "launch": "with the script's own launch variables and init_process_group() arguments set aside "
     "(torchrun's kept)",
     "layout": "as one node of all the processes",
+    "launcher": "as the launcher it was written for starts it (its variables, or --local_rank, set from "
+    "torchrun's)",
 }
 
 
-def rule(code, verdict, help, see=None, explains=(), sets_aside=None, launch=None):
+def rule(code, verdict, help, see=None, explains=(), sets_aside=(), launch=None, across=False):
     """Declare a rule: the function under it looks at the facts and returns Found, or None."""
 
     def register(check):
         assert code not in RULES, f"{code} is taken"
         RULES[code] = Rule(
-            code, int(code[3:-2]), verdict, check, help, see, tuple(explains), sets_aside, launch
+            code,
+            int(code[3:-2]),
+            verdict,
+            check,
+            help,
+            see,
+            tuple(explains),
+            tuple(sets_aside),
+            launch,
+            across,
         )
         return check
 

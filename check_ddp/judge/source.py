@@ -5,6 +5,7 @@ import ast
 import functools
 import re
 
+from .metrics import training_metrics
 from .registry import RULES
 from .words import by_line
 
@@ -326,6 +327,14 @@ class Source:
             return (self.job.source(path) or "").splitlines()[int(n) - 1]
         except (ValueError, IndexError):
             return ""
+
+    @functools.lru_cache(maxsize=1)  # noqa: B019 (one Source a judged job)
+    def training_metrics(self):
+        """What the script's training loops add up of the loss, where it reads that out, and whether a
+        collective touches it (check_ddp.judge.metrics)."""
+        return training_metrics(
+            {path: tree for path in sorted(self.job.sources) if (tree := self.tree(path))}
+        )
 
     def calls(self, name):
         """The calls of `name` (torch.save, torch.load) in the script's files, reached or not: (file:line,

@@ -19,6 +19,7 @@ from ..judge.words import ranks_text, short
 @rule(
     "DDP1007",
     "FAIL",
+    across=True,
     see="early_stop",
     help="decide to stop from values every rank has (all-reduce the metric first), so that all stop together",
 )
@@ -35,6 +36,7 @@ def left_loop_apart(f):
 @rule(
     "DDP1001",
     "FAIL",
+    across=True,
     explains=("crash", "hang"),
     help="evaluate the bare model, model.module, under torch.no_grad(), where some ranks evaluate alone; "
     "or evaluate through DDP on every rank",
@@ -116,6 +118,7 @@ def evaluated_alone(f):
 @rule(
     "DDP1008",
     "FAIL",
+    across=True,
     help="give each rank its own part of the held-out data, chosen by its global rank (dist.get_rank(), not "
     "LOCAL_RANK), or seed each rank's generator by it; then all-reduce (sum, count)",
 )

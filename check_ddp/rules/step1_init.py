@@ -13,7 +13,7 @@ from ..judge.words import ranks_text
     "DDP101",
     "FAIL",
     launch="follows",
-    sets_aside="launch",
+    sets_aside=("launch",),
     see="master_port",
     explains=("crash",),
     help="delete it: torchrun sets MASTER_ADDR and MASTER_PORT (and RANK, LOCAL_RANK, WORLD_SIZE), and "
@@ -107,7 +107,7 @@ def no_process_group(f):
     "DDP105",
     "FAIL",
     launch="follows",
-    sets_aside="launch",
+    sets_aside=("launch",),
     see="master_port",
     help="pass no init_method: the default, env://, reads where torchrun's job meets",
 )
@@ -132,7 +132,7 @@ def init_method_elsewhere(f):
     "DDP106",
     "FAIL",
     launch="follows",
-    sets_aside="launch",
+    sets_aside=("launch",),
     help="leave rank= and world_size= out: init_process_group() reads them from torchrun",
 )
 def rank_passed_wrong(f):

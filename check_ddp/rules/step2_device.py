@@ -7,6 +7,7 @@ why, and what to do."""
 from ..judge.registry import Found, rule, summary
 from ..judge.words import ranks_text
 from ..standin.devices import FACTORIES
+from ..watch.launch import LOCAL_RANK_KEYS
 
 
 @rule(
@@ -14,7 +15,7 @@ from ..standin.devices import FACTORIES
     "FAIL",
     see="global_rank_device",
     explains=("crash",),
-    sets_aside="layout",
+    sets_aside=("layout",),
     help="use LOCAL_RANK, the process's number on its node, as the GPU index, not RANK",
 )
 def device_past_the_node(f):
@@ -87,7 +88,8 @@ def one_gpu_for_a_node(f):
         ranks, (node, gpu) = shared[0]
         return Found(f"{ranks_text(ranks)}, on node {node}, have their models on one GPU, {gpu}")
     devices = {d[0] for d in f.model_devices.values()}
-    from_node = f.read("LOCAL_RANK") or f.read("device_count")  # rank % torch.cuda.device_count() is fine
+    # the local rank, as any launcher says it, or rank % torch.cuda.device_count(): the node's GPU
+    from_node = any(f.read(key) for key in (*LOCAL_RANK_KEYS, "device_count"))
     if len(f.model_devices) == f.world > 1 and devices == {"cuda:0"} and not from_node:
         where_asked = next((e["at"] for _, e in f.job.records("gpu") if e["at"]), None)
         return Found(
@@ -148,6 +150,39 @@ def batches_left_on_cpu(f):
             return Found(
                 f"rank {r}'s batches reach the model on the CPU ({f.code(e['at'])}) while the model is on "
                 f"{e['model']}{wrapped}"
+            )
+    return None
+
+
+@rule(
+    "DDP206",
+    "warn",
+    help="set the GPU first: torch.cuda.set_device(local_rank) before dist.init_process_group(), or pass "
+    "device_id=torch.device('cuda', local_rank) to it",
+)
+def collective_before_the_gpu(f):
+    """A collective ran before the rank's GPU was set: nccl runs it on GPU 0 of the node.
+
+    nccl runs a collective on the process's current GPU. Until torch.cuda.set_device(local_rank) (or
+    init_process_group(..., device_id=...)), that is GPU 0: a barrier (or a broadcast) made before it
+    puts every rank of the node on GPU 0, to allocate its communicator there, and may hang when the
+    ranks later meet on their own GPUs. DDP step 2 comes first in the code: set the GPU, then make the
+    group, and nccl's work lands on each rank's own GPU.
+    """
+    if not f.asked_nccl or not f.on_gpus:
+        return None
+    for r, events in sorted(f.job.ranks.items()):
+        kinds = [e for e in events if e["e"] in ("coll", "gpu")]
+        first_coll = next((i for i, e in enumerate(kinds) if e["e"] == "coll"), None)
+        first_set = next(
+            (i for i, e in enumerate(kinds) if e["e"] == "gpu" and e["how"] in ("set_device", "device_id")),
+            None,
+        )
+        if first_coll is not None and (first_set is None or first_set > first_coll):
+            e = kinds[first_coll]
+            return Found(
+                f"rank {r} called dist.{e['name']}() at {f.code(e['at'])} before its GPU was set: on a node "
+                "of several GPUs, nccl runs it on GPU 0 for every rank of the node"
             )
     return None
 

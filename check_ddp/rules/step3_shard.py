@@ -6,7 +6,7 @@ why, and what to do."""
 
 import itertools
 
-from ..judge.evidence import datasets_differ, out_of_step, own_parts, whole_passes
+from ..judge.evidence import datasets_differ, out_of_step, own_parts, per_node_finding, whole_passes
 from ..judge.registry import Found, rule, summary
 from ..judge.words import ordinal, plural, ranks_text
 
@@ -14,6 +14,7 @@ from ..judge.words import ordinal, plural, ranks_text
 @rule(
     "DDP307",
     "FAIL",
+    across=True,
     see="uneven",
     help="give every rank as many batches: DistributedSampler (it pads, or drops with drop_last=True), or "
     "run the loop inside torch.distributed.algorithms.join.Join([model])",
@@ -59,6 +60,7 @@ def same_batches_without_loader(f):
 @rule(
     "DDP302",
     "FAIL",
+    across=True,
     see="unseeded",
     help="seed the data the same on every rank (torch.Generator().manual_seed(seed)), or build it on one "
     "rank and share it",
@@ -94,6 +96,8 @@ def overlapping_shards(f):
             # deals disjoint shards of one dataset: where its shards overlap, the datasets differ)
             if not some["distributed"] and drawn_as_shares(drawn, some["length"], f.world):
                 continue
+            if not some["distributed"] and repeats_within_a_rank(drawn) and not drawn_alike(drawn):
+                continue  # what one process of it shows too: a stream that draws a sample twice in a pass
             for k, sets in enumerate(shards_of_a_pass(f, drawn, some["length"])):
                 ranks = sorted(sets)
                 shared = max(len(sets[a] & sets[b]) for a in ranks for b in ranks if a < b)
@@ -117,6 +121,19 @@ def overlapping_shards(f):
                     f"{what} (DataLoader at {f.code(some['at'])}): each rank trains on the same data",
                 )
     return None
+
+
+def repeats_within_a_rank(drawn):
+    """Whether a rank drew a sample twice in one pass: a sampler that streams (a shuffle buffer, a
+    window, draws with replacement) does so in one process alone too. Samples its ranks share are then
+    its way of drawing, not data left unsharded: only ranks that draw alike train on the same data."""
+    return any(len(set(indices)) < len(indices) for indices in drawn.values())
+
+
+def drawn_alike(drawn):
+    """Whether every rank drew the very same samples in a pass."""
+    sets = [set(indices) for indices in drawn.values()]
+    return all(s == sets[0] for s in sets)
 
 
 def drawn_as_shares(drawn, length, world):
@@ -154,6 +171,7 @@ def sampler_misconfigured(f, loader):
 @rule(
     "DDP303",
     "FAIL",
+    across=True,
     launch="follows",
     help="pass sampler=DistributedSampler(dataset) to the DataLoader, and drop shuffle=True (the sampler "
     "shuffles); call sampler.set_epoch(epoch) each epoch",
@@ -174,6 +192,7 @@ def no_distributed_sampler(f):
 @rule(
     "DDP304",
     "FAIL",
+    across=True,
     launch="follows",
     help="leave num_replicas= and rank= out of DistributedSampler(...): the group knows them",
 )
@@ -220,7 +239,13 @@ def same_order_every_epoch(f):
     return None
 
 
-@rule("DDP306", "warn", see="unseeded", help="if the data is random, seed it the same on every rank")
+@rule(
+    "DDP306",
+    "warn",
+    across=True,
+    see="unseeded",
+    help="if the data is random, seed it the same on every rank",
+)
 def different_datasets(f):
     """The ranks built different datasets (fine if each rank loads its own shard on purpose).
 
@@ -233,6 +258,27 @@ def different_datasets(f):
         if message:
             return Found(message + " (fine if each rank loads its own shard on purpose)")
     return None
+
+
+@rule(
+    "DDP308",
+    "warn",
+    sets_aside=("layout",),
+    help="prepare the data on global rank 0 alone (if dist.get_rank() == 0:), then dist.barrier(); or, where "
+    "each node has a disk of its own, keep it there (a path on the node's own disk)",
+)
+def data_prepared_once_per_node(f):
+    """The data is prepared once per node (under `if local_rank == 0:`): on nodes that share a disk, at once.
+
+    `if local_rank == 0: download(); dist.barrier()` makes the data once on each node. On a cluster whose
+    nodes each have a disk of their own that is right; where they share one (a network file system,
+    as most clusters' home and scratch folders are), each node's local rank 0 writes the same files at
+    the same moment, and a rank may read a file another node is still writing. A risk of several
+    machines, not of this one: said as a warning. Where the rehearsed nodes' writes tore a file and
+    stopped the job, the rest is checked again as one node. Prepare it on global rank 0 alone, then
+    barrier; or write it to each node's own disk.
+    """
+    return per_node_finding(f, before_training=True)
 
 
 @summary(3)
@@ -266,6 +312,12 @@ def step_3_summary(f):
             detail = (
                 f"{how}: shares of {longest} draws a rank that overlap by the sampler's design, each rank's "
                 "its own (repeated augmentation: each copy augmented anew)"
+            )
+        elif shared and not some["distributed"] and repeats_within_a_rank(first):
+            again = max(len(p) - len(set(p)) for p in first.values())
+            detail = (
+                f"{how}: {longest} draws a rank, each rank's its own, which repeat samples within a pass as "
+                f"one process of it does too (up to {again} a rank)"
             )
         else:
             repeats = sum(len(set(p)) for p in first.values()) - len(set().union(*first.values()))

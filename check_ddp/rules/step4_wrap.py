@@ -79,6 +79,7 @@ def wrapper_never_called(f):
 @rule(
     "DDP405",
     "FAIL",
+    across=True,
     help="every rank must take the same optimizer steps on the DDP model's all-reduced gradients",
 )
 def replicas_differ(f):

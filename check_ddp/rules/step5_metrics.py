@@ -14,6 +14,7 @@ from ..judge.words import plural
 @rule(
     "DDP508",
     "FAIL",
+    across=True,
     see="rank_zero_collective",
     help="every rank must call the same collectives, in the same order: take each out of any branch only "
     "some ranks take",
@@ -37,11 +38,14 @@ def collectives_differ(f):
     help="sum (loss x samples, samples) on each rank, then dist.all_reduce() it, once an epoch",
 )
 def metrics_not_reduced(f):
-    """No metric is all-reduced: what rank 0 reports is its own shard's.
+    """A training metric that no collective touches is reported: what rank 0 reports is its own shard's.
 
     Each rank computes its loss on its own shard. A loss printed by rank 0 without an
-    all-reduce is an estimate from 1/N of the data. Sum (loss x samples, samples) on each rank,
-    all-reduce the sums, and divide.
+    all-reduce is an estimate from 1/N of the data, however it is kept (a running float, a stacked
+    tensor of totals, a meter object, a dict written to a file) and however it is read out. Sum
+    (loss x samples, samples) on each rank, all-reduce the sums, and divide. The check reads the
+    script's training loop: what it adds up of the loss, followed to where it is read out, and
+    whether a collective is given it (or what is made of it) on the way.
     """
     job = f.job
     if not job.ranks:
@@ -62,6 +66,13 @@ def metrics_not_reduced(f):
             f"training is its own shard's (the all-reduce at "
             f"{' and '.join(reduced_sites(f, evaluating=True))} follows the evaluation: DDP step 10's)"
         )
+    # however it is stored (a running float, a stacked tensor of totals, a meter, a dict) and read out
+    for m in f.source.training_metrics():
+        if m.reads and not m.reduced:
+            return Found(
+                f"the training {m.name} added up at {f.code(m.at)} is never all-reduced, and the script "
+                f"reads it out at {f.code(m.reads[0])}: what it reports of training is its own shard's"
+            )
     return None
 
 

@@ -7,14 +7,72 @@ why, and what to do."""
 import os
 import re
 
-from ..judge.evidence import out_of_step
+from ..judge.crash import COMMUNICATION_ERROR
+from ..judge.divergence import call_said, divergence_said, first_divergence, without
+from ..judge.evidence import once_per_node, out_of_step, per_node_finding, written_once_per_node
 from ..judge.registry import Found, rule, summary
 from ..judge.words import both, plural, ranks_text, short
 
 
 @rule(
+    "DDP615",
+    "FAIL",
+    explains=("crash", "hang"),
+    help="load the checkpoint on every rank, before the DDP wrap (map_location= its own device): the same "
+    "weights, optimizer state and epoch everywhere",
+)
+def loaded_by_some_ranks(f):
+    """Some ranks loaded a checkpoint the others did not: the ranks resume from different states.
+
+    Each rank holds its own replica, its own optimizer and its own count of epochs. A resume that runs
+    on rank 0 alone (`if rank == 0: load...`) gives rank 0 the checkpoint's weights, optimizer state
+    and epoch, and leaves the other ranks as a fresh start leaves them: DDP's wrap sends them rank 0's
+    weights, and nothing else. From there the ranks train other epochs with other optimizer states:
+    they part (one waits in a collective another never joins), or end with different replicas. Every
+    rank loads the same checkpoint, before the wrap: this is the first place the ranks' calls part,
+    and what differs after it follows from it. (Loaded on rank 0 alone before the wrap, with no
+    effect after it, as the weights of a pretrained model DDP then sends everywhere, it is no finding.)
+    """
+    d = f.divergence
+    if d is None or not d.alone or not d.kinds <= {"load", "load_state"}:
+        return None
+    loaded = sorted(d.alone)
+    others = sorted(set(f.job.ranks) - set(loaded))
+    if not others:
+        return None
+    gone = [e for r in loaded for e in f.job.ranks[r] if e["e"] in ("load", "load_state") and e is not None]
+    gone = [e for e in gone if any(e is x for x in d.alone.values()) or alone_load(f, e, others)]
+    after = first_divergence(without(f.job.ranks, gone), f.world, set(f.training_loaders))
+    crashed = f.crash is not None and COMMUNICATION_ERROR.search(f.crash[1]["message"])
+    effects = []
+    if after is not None:
+        effects.append(f"then the ranks part: {divergence_said(after, f.code)}")
+    if f.weights_differ:
+        effects.append(f"the replicas differ at the end ({f.weights_differ})")
+    if crashed:
+        effects.append(f"rank {f.crash[0]} lost its peers ({short(f.crash[1]['message'])})")
+    elif f.job.hung:
+        effects.append("the job hung")
+    if not effects:
+        return None  # as DDP's wrap made it: nothing of it reached the ranks apart
+    e = next((x for x in gone if x["e"] == "load"), gone[0])
+    what = call_said(e, f.code)
+    return Found(
+        f"{ranks_text(loaded)} alone made {what}, and {ranks_text(others)} did not: " + "; ".join(effects),
+        explains=("crash", "hang") if crashed or f.job.hung else (),
+        follows_across=f"{ranks_text(loaded)} alone loaded a checkpoint, at {e['at']}",
+    )
+
+
+def alone_load(f, e, others):
+    """Whether no other rank made this load (its line) at all."""
+    return not any(x["e"] == e["e"] and x.get("at") == e.get("at") for r in others for x in f.job.ranks[r])
+
+
+@rule(
     "DDP609",
     "FAIL",
+    across=True,
     see="rank_zero_collective",
     help="take the collective out of the rank-only block: every rank must call it",
 )
@@ -156,7 +214,7 @@ def every_rank_saves(f):
     for rank, e in f.job.records("save"):
         by_path.setdefault(f.renamed.get(e["path"], e["path"]), {})[rank] = e
     for path, savers in sorted(by_path.items(), key=lambda item: str(item[0])):
-        if path and len(savers) > 1:
+        if path and len(savers) > 1 and not once_per_node(f, savers):
             e = next(iter(savers.values()))
             nodes = {f.starts[r]["node"] for r in savers}
             if (
@@ -200,7 +258,7 @@ def ranks_race_for_a_path(f):
     for r, w in f.job.records("write"):
         if w["path"] == e["path"]:
             touched.setdefault(r, w)
-    if len(touched) < 2:
+    if len(touched) < 2 or once_per_node(f, touched):
         return None
     first = touched[min(touched)]
     return Found(
@@ -221,20 +279,43 @@ def several_ranks_overwrite(f):
     Each process opens the file to write it whole, at about the same moment: they truncate each
     other's work, and what is left is one rank's, or a mix. On several nodes sharing a folder, a
     guard on the local rank still leaves one writer per node. Write from global rank 0 alone, or
-    give each rank a file of its own.
+    give each rank a file of its own. (Ranks that open it and write nothing into it, as every rank
+    clearing a log that rank 0 alone then fills, write nothing over: a rank counts as writing a file
+    when it appended to it, or its handle's position, as the system counts it, or the file's size
+    says it wrote into it.)
     """
     saved = {f.renamed.get(e["path"], e["path"]) for _, e in f.saved_files} | {
         e["path"] for _, e in f.saved_files
     }
     writers = {}
     for rank, e in f.job.records("write"):
-        if e["mode"] == "overwrite" and e["path"] not in saved and e["path"] not in f.empty_files:
-            writers.setdefault(f.renamed.get(e["path"], e["path"]), {})[rank] = e
+        path = e["path"]
+        if e["mode"] == "overwrite" and path not in saved | f.empty_files and f.wrote_into(rank, path):
+            writers.setdefault(f.renamed.get(path, path), {})[rank] = e
     for path, by in sorted(writers.items()):
-        if len(by) > 1:
+        if len(by) > 1 and not once_per_node(f, by):
             e = next(iter(by.values()))
             return Found(f"{ranks_text(by)} {both(by)} wrote {f.job.relpath(path)} over at {f.code(e['at'])}")
     return None
+
+
+@rule(
+    "DDP616",
+    "warn",
+    sets_aside=("layout",),
+    help="write it on global rank 0 alone: if dist.get_rank() == 0: (a test of LOCAL_RANK is true once per "
+    "node)",
+)
+def file_written_once_per_node(f):
+    """A file is written once per node (under `if local_rank == 0:`): on nodes that share a disk, at once.
+
+    A test of the local rank is true on one process of each node. On one machine it guards one writer;
+    on several that share a disk (most clusters' home and scratch folders), each node's local rank 0
+    writes the same checkpoint or log at the same moment, and the file ends torn, or as one node's. A
+    risk of several machines, not of this one: said as a warning (the rehearsed nodes share this
+    machine's disk). Write on global rank 0 alone.
+    """
+    return per_node_finding(f, before_training=False)
 
 
 @rule("DDP603", "warn", see="wrapped_state_dict", help="save model.module.state_dict(), the model DDP wraps")
@@ -306,10 +387,10 @@ def several_ranks_write(f):
     """
     writers = {}
     for rank, e in f.job.records("write"):
-        if e["how"] != "os.mkdir" and e["path"] not in f.empty_files:
+        if e["how"] != "os.mkdir" and e["path"] not in f.empty_files and f.wrote_into(rank, e["path"]):
             writers.setdefault(e["path"], {})[rank] = e
     for path, by in sorted(writers.items()):
-        if len(by) > 1:
+        if len(by) > 1 and not once_per_node(f, by):
             e = next(iter(by.values()))
             return Found(f"{ranks_text(by)} {both(by)} wrote {f.job.relpath(path)} at {f.code(e['at'])}")
     return None
@@ -386,7 +467,8 @@ def trusted_load_runs_code(f):
 
 @summary(6)
 def step_6_summary(f):
-    saves = f.saved_files
+    per_node = set(written_once_per_node(f))  # the data prepared once per node: step 3's
+    saves = [(r, s) for r, s in f.saved_files if f.renamed.get(s["path"], s["path"]) not in per_node]
     if not saves:
         made = {e["at"] for _, e in f.job.records("save")}
         unreached = [at for at, _ in f.source.calls("torch.save") if at not in made]
@@ -404,6 +486,6 @@ def step_6_summary(f):
     held = " and ".join(name for name, key in (("model", "models"), ("optimizer", "optimizer")) if holds(key))
     prefix = "keys with the wrapper's module. prefix" if holds("module_prefix") else "no module. prefix"
     return "ok", (
-        f"{ranks_text(ranks)} alone saved {shown} at {saves[0][1]['at']}: "
+        f"{ranks_text(ranks)} {'alone ' if len(ranks) == 1 else ''}saved {shown} at {saves[0][1]['at']}: "
         f"{held + ' state' if held else 'no model or optimizer state'}, {prefix}"
     )

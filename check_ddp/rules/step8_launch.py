@@ -17,6 +17,7 @@ from ..watch.launch import READ_KEYS
     "DDP801",
     "FAIL",
     launch="root",
+    sets_aside=("launch", "layout"),  # one node, each of torchrun's processes the child it stands for
     explains=("hang",),
     help="drop the launch in the script (mp.spawn, mp.Process): run the training function once, reading "
     "RANK, LOCAL_RANK and WORLD_SIZE from the environment torchrun makes; launch with torchrun",
@@ -84,6 +85,7 @@ def unpassed_local_rank(f):
     "DDP805",
     "FAIL",
     launch="root",
+    sets_aside=("launcher",),  # --local_rank passed, as torch.distributed.launch passed it
     explains=("crash",),
     help="read who the process is from the environment: local_rank = int(os.environ['LOCAL_RANK']) (the old "
     "torch.distributed.launch passed --local_rank; torchrun sets LOCAL_RANK, RANK and WORLD_SIZE)",
@@ -132,6 +134,7 @@ def rank_from_arguments(f):
     "DDP807",
     "FAIL",
     launch="root",
+    sets_aside=("launcher",),  # the variables of srun, mpirun, set from torchrun's
     help="read who the process is from torchrun's variables: RANK, LOCAL_RANK, WORLD_SIZE (or support both "
     "launchers: try torchrun's first)",
 )

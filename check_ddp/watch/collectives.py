@@ -3,6 +3,7 @@ many optimizer steps; a full state dict gathered (a collective of torch's); .ite
 
 import inspect
 
+from .files import observe_writes
 from .frames import called_by_user, where
 from .recorder import Quietly
 from .registry import watches
@@ -26,6 +27,7 @@ def collective(original, w, name):
 
     def watched_collective(*args, **kwargs):
         with Quietly(w):
+            observe_writes(w)
             if called_by_user():
                 group = signature.bind_partial(*args, **kwargs).arguments.get("group")
                 some = group is not None and group is not dist.group.WORLD

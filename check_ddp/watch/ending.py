@@ -7,7 +7,8 @@ import os
 import sys
 from pathlib import Path
 
-from .evidence import ends, is_empty, local
+from .evidence import ends, is_empty, local, weights_summary
+from .files import observe_writes
 from .frames import OURS, is_ours, is_users
 from .recorder import Quietly
 from .registry import CALL_OF_CODE
@@ -101,15 +102,8 @@ def at_exit(w):
 def write_exit(w):
     import torch
 
-    values = {}
-    if w.weights:
-        with torch.no_grad():
-            flat = [local(p).double().reshape(-1) for p in w.weights]
-            values = {
-                "sum": sum(float(p.sum()) for p in flat),
-                "squares": sum(float((p * p).sum()) for p in flat),
-                "count": sum(p.numel() for p in flat),
-            }
+    values = weights_summary(w.weights)
+    observe_writes(w, every=True)
     graphs = None
     if "torch._dynamo" in sys.modules:
         graphs = sys.modules["torch._dynamo"].utils.counters["stats"]["unique_graphs"]
@@ -124,6 +118,7 @@ def write_exit(w):
         empty=sorted({path for path, _, how in w.written if how != "os.mkdir" and is_empty(path)}),
         files=own_files(w),
         # the last sharded model's parameters as held (kept alive by w.weights, the model freed or not)
+        wrote=dict(w.wrote),
         sharded=sum(float(local(p).double().sum()) for p in w.weights) if w.sharded else None,
     )
 

@@ -250,3 +250,19 @@ def is_empty(path):
         return os.path.isfile(path) and os.path.getsize(path) == 0
     except OSError:
         return False
+
+
+def weights_summary(weights):
+    """The replica's weights summed up, to compare between ranks: their sum, their squares' sum, their
+    count ({} where there are none). A DTensor counts as its local shard."""
+    import torch
+
+    if not weights:
+        return {}
+    with torch.no_grad():
+        flat = [local(p).double().reshape(-1) for p in weights]
+        return {
+            "sum": sum(float(p.sum()) for p in flat),
+            "squares": sum(float((p * p).sum()) for p in flat),
+            "count": sum(p.numel() for p in flat),
+        }

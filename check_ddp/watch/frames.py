@@ -65,6 +65,17 @@ def where():
     return place(frame) if frame is not None else None
 
 
+def users_stack(limit=8):
+    """The script's own lines that led to the current call, innermost first: where it was called from
+    (a write inside a function called under `if local_rank == 0:` is guarded there)."""
+    frame, stack = callers_frame(), []
+    while frame is not None and len(stack) < limit:
+        if is_users(frame.f_code.co_filename):
+            stack.append(place(frame))
+        frame = frame.f_back
+    return stack
+
+
 def called_by_user():
     """Whether the current call comes straight from the script's code (not from torch's own)."""
     frame = callers_frame()

@@ -8,6 +8,7 @@ import sys
 import time
 
 from .evidence import dist_initialized
+from .files import observe_writes
 from .frames import is_users, outside_stdlib, where
 from .recorder import Quietly
 from .registry import watches
@@ -19,6 +20,9 @@ LAUNCH_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_S
 # and its init_process_group() rendezvous (init_method, rank, world_size, store) are recorded, and not
 # made: torchrun's stand, so that the rest of the script can be checked
 KEEP_LAUNCH = os.environ.get("CHECK_DDP_KEEP_LAUNCH") == "1"
+# In a run again as the launcher the script was written for (see check_ddp.worker's as_its_launcher): a
+# --local_rank option of the script's is passed its value, as torch.distributed.launch passed it
+AS_LAUNCHER = os.environ.get("CHECK_DDP_AS_LAUNCHER") == "1"
 
 
 @watches("os._Environ", "__setitem__", step=1, label="os.environ[...] = ...")
@@ -42,6 +46,7 @@ def init_process_group(original, w, _):
 
     def init_process_group(*args, **kwargs):
         with Quietly(w):
+            observe_writes(w)
             given = signature.bind_partial(*args, **kwargs).arguments
             if KEEP_LAUNCH:  # a run again with the script's launch set aside: what torchrun set, as env://
                 bound = {
@@ -143,9 +148,19 @@ def process_join(original, w, name):
 READ_KEYS = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK")
 
 
-# who a process is, as other launchers say it: Open MPI's mpirun, MPICH/Intel MPI's (PMI), SLURM's srun
+# who a process is, as other launchers say it: Open MPI's mpirun, MPICH/Intel MPI's (PMI, MPI_LOCALRANKID),
+# MVAPICH's, SLURM's srun
 OTHER_LAUNCHERS = re.compile(
-    r"OMPI_COMM_WORLD_(LOCAL_)?(RANK|SIZE)|PMI_(RANK|SIZE)|MV2_COMM_WORLD_RANK|SLURM_(PROCID|LOCALID|NTASKS)"
+    r"OMPI_COMM_WORLD_(LOCAL_)?(RANK|SIZE)|PMI_(RANK|SIZE)|MPI_LOCALRANKID|MV2_COMM_WORLD_(LOCAL_)?RANK"
+    r"|SLURM_(PROCID|LOCALID|NTASKS)"
+)
+# a process's number on its node, as each launcher says it: the GPU it takes
+LOCAL_RANK_KEYS = (
+    "LOCAL_RANK",
+    "SLURM_LOCALID",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "MPI_LOCALRANKID",
+    "MV2_COMM_WORLD_LOCAL_RANK",
 )
 
 
@@ -170,6 +185,8 @@ def environ_getitem(original, w, _):
 @watches("argparse.ArgumentParser", "parse_known_args", step=8, label="parser.parse_args()")
 def parse_known_args(original, w, _):
     def parse_known_args(self, args=None, namespace=None):
+        if AS_LAUNCHER and args is None:  # as torch.distributed.launch started it: --local_rank=N passed
+            args = sys.argv[1:] + local_rank_argument(self, sys.argv[1:])
         parsed = original(self, args, namespace)
         with Quietly(w):
             given = sys.argv[1:] if args is None else list(args)
@@ -188,3 +205,13 @@ def parse_known_args(original, w, _):
         return parsed
 
     return parse_known_args
+
+
+def local_rank_argument(parser, given):
+    """[--local_rank=N], N this process's LOCAL_RANK, where the parser has such an option and it is not
+    given: what torch.distributed.launch passed each process; else []."""
+    for action in parser._actions:
+        options = [o for o in action.option_strings if re.fullmatch(r"--local[-_]rank", o)]
+        if options and not any(a == o or a.startswith(o + "=") for a in given for o in options):
+            return [f"{options[0]}={os.environ['LOCAL_RANK']}"]
+    return []

@@ -7,6 +7,7 @@ import time
 import weakref
 
 from .evidence import grad_enabled, input_sum, local, local_sum, without_hooks
+from .files import observe_writes
 from .frames import called_by_user, where
 from .recorder import Quietly
 from .registry import watches
@@ -76,6 +77,7 @@ def note_forward(w, ddp, args, kwargs):
     import torch
 
     with Quietly(w):
+        observe_writes(w)
         first = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
         if not torch.is_grad_enabled():
             evaluated(w, first)  # a forward without gradients: evaluation, or inference
@@ -159,6 +161,7 @@ def after_step(w, optimizer, args, kwargs):
     """Every optimizer step (torch's post-step hook): what happened since the last."""
     state = w.state
     with Quietly(w):
+        observe_writes(w)
         if not w.weights:
             w.weights.extend(p for group in optimizer.param_groups for p in group["params"])
         state["step"] += 1

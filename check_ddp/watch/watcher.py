@@ -33,6 +33,9 @@ class Watcher:
         self.inputs = []  # a fingerprint of each training forward's first input, kept on its device
         self.eval_inputs = []  # the same, of each forward without gradients (up to 256)
         self.written = set()  # (file, line, how) already recorded
+        # the files this rank opened to write over: what it wrote into each, as far as seen (bytes, or None
+        # where not known), and those opened since the last look (see files.observe_writes)
+        self.wrote, self.unseen = {}, set()
         self.folder = os.path.realpath(os.environ["CHECK_DDP_FOLDER"])
         self.caches = os.path.realpath(os.path.expanduser("~/.cache"))
 
