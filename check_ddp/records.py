@@ -108,8 +108,9 @@ OPTIONAL = {
     # FileNotFoundError); whether the script's own code ran inside the watched call (a model's forward
     # inside DDP's, a dataset's __getitem__ inside the DataLoader's) and raised there, or below it
     "crash": {"raised": "call", "path": None, "program": None, "within": None},
-    # a collective on a group of some ranks only (their global ranks), not the whole job's
-    "coll": {"group": None},
+    # a collective on a group of some ranks only (their global ranks), not the whole job's; the folder of a
+    # sharded checkpoint (torch.distributed.checkpoint's save, load)
+    "coll": {"group": None, "path": None},
     # DDP forwards with gradients that prepared the all-reduce of their backward (DDP decides it at
     # forward time, from require_backward_grad_sync): how many of the step's did, and whether its last
     # did (that one's all-reduce carries every micro-batch's gradients, accumulated)
@@ -119,8 +120,9 @@ OPTIONAL = {
     # them to tear: a lock, a marker); the script's own Python files it imported (their code is read for
     # what the run did not reach); the local shards of the last model sharded, summed as at its shard
     # record (None: no model was sharded); what the rank wrote into each file it opened to write over ({path:
-    # bytes, or None where not known}; None: not looked at)
-    "exit": {"eval_inputs": [], "empty": None, "files": None, "sharded": None, "wrote": None},
+    # bytes, or None where not known}; None: not looked at); each sharded checkpoint this rank saved, as its
+    # metadata says: {folder: [its tensors, those its chunks cover whole]} (what any world size can load)
+    "exit": {"eval_inputs": [], "empty": None, "files": None, "sharded": None, "wrote": None, "dcp": None},
     # a file written: "overwrite" (opened to write from its start, or renamed into place), "append";
     # a folder made: "create"; the script's lines that led to it, innermost first (a save's too)
     "write": {"mode": None, "stack": None},
@@ -132,6 +134,8 @@ OPTIONAL = {
     "load": {"shared": None},
     # a DataLoader over a Subset (a split): a fingerprint of the samples of its dataset it holds
     "loader": {"subset": None},
+    # an option the script requires, not given, so that its parser refused the command line (and exited)
+    "arg": {"refused": None},
     # a GPU the stand-in refused, as CUDA or torch would: "negative" (a negative index), "past_node" (one
     # the node lacks: "invalid device ordinal"), "invalid" (a device torch.device() cannot parse)
     "gpu": {"refused": None},

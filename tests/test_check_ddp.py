@@ -238,6 +238,58 @@ def test_every_rule_has_a_code_an_explanation_and_a_case():
     )
 
 
+# The rules README.md states for the ten steps (its list, "Convert your own script"), each with the findings
+# that catch a script breaking it; a rule one process breaks too, with no DDP in it, says so instead
+README_RULES = [
+    (1, "`dist.init_process_group` in every process", {"DDP103", "DDP104", "DDP107"}),
+    (
+        1,
+        "never set `MASTER_ADDR`, `MASTER_PORT` or `RANK` yourself",
+        {"DDP101", "DDP102", "DDP105", "DDP106"},
+    ),
+    (2, "The GPU of its `LOCAL_RANK`, never of its global rank", {"DDP201", "DDP202", "DDP203"}),
+    (2, "on a CPU, the CPU", {"DDP204", "DDP205"}),
+    (2, "It comes first in the code", {"DDP206"}),
+    (3, "The same seeded dataset on every rank", {"DDP302", "DDP306", "DDP308"}),
+    (3, "instead of `shuffle=True`", {"DDP303", "DDP304"}),
+    (3, "`sampler.set_epoch(epoch)` at the top of every epoch", {"DDP305"}),
+    (4, "`DDP(model, device_ids=...)` once the model is on its device", {"DDP204", "DDP403", "DDP404"}),
+    (4, "with any checkpoint loaded", {"DDP615"}),
+    (4, "`None` on a CPU", {"DDP205"}),
+    (5, "Sum loss x samples on the device and count the samples", "one process's rule too: the baseline's"),
+    (5, "all-reduce both, in one tensor, once an epoch", {"DDP506"}),
+    (5, "its `.item()` every batch stalls a GPU", {"DDP505"}),
+    (6, "Rank 0 alone writes", {"DDP602", "DDP610", "DDP612", "DDP616"}),
+    (6, "from `model.module`", {"DDP603", "DDP604", "DDP608"}),
+    (6, "every rank loads the same checkpoint, before the wrap", {"DDP615"}),
+    (6, "Never put a collective inside `if dist.get_rank() == 0:`", {"DDP609"}),
+    (7, "Every rank calls `dist.destroy_process_group()` at the end", {"DDP702"}),
+    (8, "One process per GPU", {"DDP203", "DDP801", "DDP805", "DDP807", "DDP808"}),
+    (9, "run the first K-1 backward passes inside `model.no_sync()`", {"DDP901", "DDP902"}),
+    (10, "Each rank evaluates every N-th held-out (validation) sample", {"DDP1003", "DDP1005", "DDP1008"}),
+    (10, "on `model.module` (the wrapper's forward is a collective)", {"DDP1001"}),
+    (10, "then one all-reduce of (sum, count)", {"DDP1003", "DDP1006"}),
+    (10, "each sample counted once", {"DDP1004", "DDP1008"}),
+]
+
+
+def test_every_rule_the_readme_states_has_a_finding_that_a_case_reaches():
+    """Each rule of README.md's ten steps is caught by findings of check_ddp's, at least one of which a
+    case of ours breaks on purpose (or the rule is one process's too, and says why it is no DDP
+    finding); every step has its rules listed."""
+    from test_readme import readme_steps
+
+    steps = readme_steps()
+    reached = {code for case in CASES for _, code in expectation(case)[1].values() if code}
+    for step, phrase, codes in README_RULES:
+        assert phrase in steps[step][1], f"README.md's DDP step {step} no longer says {phrase!r}"
+        if isinstance(codes, str):  # a rule of one process too: no DDP finding, and why
+            continue
+        assert codes <= set(RULES), f"step {step}, {phrase!r}: no such codes {codes - set(RULES)}"
+        assert codes & reached, f"step {step}, {phrase!r}: no case breaks it ({sorted(codes)})"
+    assert {step for step, _, _ in README_RULES} == set(steps)
+
+
 def test_explain_lists_every_code_and_explains_each():
     listing = run([sys.executable, str(CHECK), "--explain"], cwd=ROOT).stdout
     listed = [line.split()[0] for line in listing.splitlines()[1:]]
@@ -326,7 +378,7 @@ def test_pip_install_gives_a_check_ddp_command_that_checks_train_ddp_from_a_fres
     (venv / "lib").glob("python*/site-packages").__next__().joinpath("torch_of_the_tests.pth").write_text(
         str(Path(torch.__file__).parent.parent) + "\n"
     )
-    # as a learner installs it: pip builds it with setuptools from the package index, as README.md's set-up does
+    # as a learner installs it: pip builds it with setuptools from the package index, as the set-up does
     run([str(venv / "bin" / "python"), "-m", "pip", "install", str(source)], cwd=tmp_path, timeout=300)
     command = str(venv / "bin" / "check-ddp")
     (tmp_path / "mine").mkdir()

@@ -219,6 +219,9 @@ def reduced_sites(f, evaluating=None):
     """Where the lowest rank called a reducing collective: all of them, or (evaluating=True/False)
     those after an evaluation began and before training went on (DDP step 10's), or the others."""
     found, now = set(), False
+    # where the code gives a training metric to the collective (a tensor of training and held-out sums
+    # together): training's too
+    training = {at for m in f.source.training_metrics() for at in m.reduced_at}
     for e in f.job.ranks.get(min(f.job.ranks), []) if f.job.ranks else []:
         if e["e"] == "eval" or (e["e"] == "pass" and e["loader"] in f.evaluation):
             now = True
@@ -228,7 +231,9 @@ def reduced_sites(f, evaluating=None):
             # whose the reduced tensor is: where the script filled it, with gradients off (the held-out
             # numbers) or on (training's); where the code does not say, what the job was doing
             held_out = f.source.filled_without_gradients(e["at"])
-            if evaluating in (None, now if held_out is None else held_out):
+            if evaluating in (None, now if held_out is None else held_out) or (
+                evaluating is False and e["at"] in training
+            ):
                 found.add(e["at"])
     return sorted(found, key=by_line)
 

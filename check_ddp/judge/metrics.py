@@ -27,6 +27,7 @@ class Metric:
     name: str
     reads: tuple
     reduced: bool
+    reduced_at: tuple = ()  # the file:line of each call that gives it (or what is made of it) to a collective
 
 
 def names_in(node):
@@ -188,7 +189,7 @@ def follow(flow, reducing, path, function, statement, name):
                 ):
                     names |= {holder(t) for t in node.targets if holder(t)}
                     scopes.append(enclosing(tree, node))
-    reads = []
+    reads, reduced_at = [], []
     for scope in scopes:
         for _ in range(3):  # what is made of it: t = torch.tensor([running_loss]), avg = total / n
             for node in ast.walk(scope):
@@ -196,10 +197,18 @@ def follow(flow, reducing, path, function, statement, name):
                     names |= {holder(t) for t in node.targets if holder(t)}
         for node in ast.walk(scope):
             if isinstance(node, ast.Call) and node is not statement:
-                reduced |= reduces(node, names, reducing)
+                if reduces(node, names, reducing):
+                    reduced = True
+                    reduced_at.append(f"{path}:{node.lineno}")
                 if node.lineno != statement.lineno and reads_out(node, names):
                     reads.append(f"{path}:{node.lineno}")
-    return Metric(f"{path}:{statement.lineno}", name, tuple(sorted(set(reads), key=line_number)), reduced)
+    return Metric(
+        f"{path}:{statement.lineno}",
+        name,
+        tuple(sorted(set(reads), key=line_number)),
+        reduced,
+        tuple(reduced_at),
+    )
 
 
 def reduces(call, names, reducing):

@@ -89,9 +89,15 @@ def collective_in_rank_block(f):
     """
     found = out_of_step(f, "rank_block")
     unmatched = f.unmatched_collective
-    gathers = {"get_model_state_dict", "get_optimizer_state_dict", "get_state_dict"}
-    if found and unmatched and any(c and c["name"] in gathers for c in unmatched[1].values()):
+    gathers = {"get_model_state_dict", "get_optimizer_state_dict", "get_state_dict", "set_model_state_dict",
+               "set_optimizer_state_dict", "set_state_dict"}  # fmt: skip
+    named = {c["name"] for c in (unmatched[1].values() if unmatched else ()) if c}
+    if found and named & gathers:
         found.see = "full_state_dict_rank_zero"  # a sharded model's state gathered in it: FSDP's pitfall
+    elif found and any(name.startswith("dcp.") for name in named):
+        found.see = (
+            "sharded_state_dict"  # a sharded checkpoint saved on some ranks: every rank writes its own
+        )
     return found
 
 
@@ -469,6 +475,9 @@ def trusted_load_runs_code(f):
 def step_6_summary(f):
     per_node = set(written_once_per_node(f))  # the data prepared once per node: step 3's
     saves = [(r, s) for r, s in f.saved_files if f.renamed.get(s["path"], s["path"]) not in per_node]
+    sharded = sharded_saves_said(f)
+    if sharded and not saves:
+        return "ok", sharded
     if not saves:
         made = {e["at"] for _, e in f.job.records("save")}
         unreached = [at for at, _ in f.source.calls("torch.save") if at not in made]
@@ -486,6 +495,29 @@ def step_6_summary(f):
     held = " and ".join(name for name, key in (("model", "models"), ("optimizer", "optimizer")) if holds(key))
     prefix = "keys with the wrapper's module. prefix" if holds("module_prefix") else "no module. prefix"
     return "ok", (
-        f"{ranks_text(ranks)} {'alone ' if len(ranks) == 1 else ''}saved {shown} at {saves[0][1]['at']}: "
+        (f"{sharded}; and " if sharded else "")
+        + f"{ranks_text(ranks)} {'alone ' if len(ranks) == 1 else ''}saved {shown} at {saves[0][1]['at']}: "
         f"{held + ' state' if held else 'no model or optimizer state'}, {prefix}"
     )
+
+
+def sharded_saves_said(f):
+    """The sharded checkpoints every rank saved (torch.distributed.checkpoint), as the step's line says
+    them: where, and whether their metadata covers each tensor whole (what any world size loads)."""
+    saves = [(r, e) for r, e in f.job.records("coll") if e["name"] in ("dcp.save", "dcp.async_save")]
+    if not saves or {r for r, _ in saves} != set(f.job.ranks):
+        return None
+    e = saves[0][1]
+    covered = next(
+        (x["dcp"].get(e["path"]) for _, x in f.job.records("exit") if x["dcp"] and e["path"]), None
+    )
+    folder = f" into {f.job.relpath(e['path'])}" if e["path"] else ""
+    said = f"every rank saved its shards with {e['name']}() at {e['at']}{folder}"
+    if covered:
+        tensors, whole = covered
+        said += (
+            f", its {plural(tensors, 'tensor')} whole in their chunks: a resume at any world size loads it"
+            if whole == tensors
+            else f", {whole} of its {plural(tensors, 'tensor')} whole in their chunks"
+        )
+    return said

@@ -48,6 +48,15 @@ def unpassed_local_rank(f):
     local = [(r, e) for r, e in f.job.records("arg") if "local" in e["option"] and not e["given"]]
     if not local or len({r for r, _ in local}) < len(f.job.ranks):
         return None
+    refused = next((e for _, e in local if e["refused"]), None)
+    if refused:  # the script requires it: without it, its parser refused the command line and it exited
+        said = script_said(f.job)
+        return (
+            refused,
+            [f"the script requires it, and exited ({said})" if said else "the script requires it"],
+            {},
+            False,
+        )
     reads = {e["at"] for _, e in f.job.records("read") if e["key"] == "LOCAL_RANK" and e["found"]}
     if len({json.dumps(e["value"]) for _, e in local}) > 1 or f.source.default_from_local_rank(
         local[0][1], reads
@@ -104,9 +113,9 @@ def rank_from_arguments(f):
     unpassed = unpassed_local_rank(f)
     if unpassed:
         e, effects, follows, crashed = unpassed
+        got = "no rank got it" if e["refused"] else f"every rank got its default, {e['default']!r}"
         return Found(
-            f"{f.code(e['at'])} reads {e['option']}, which torchrun does not pass: every rank got its "
-            f"default, {e['default']!r}"
+            f"{f.code(e['at'])} reads {e['option']}, which torchrun does not pass: {got}"
             + ("" if f.read("LOCAL_RANK") else ", and no rank read LOCAL_RANK")
             + "; "
             + "; ".join(effects),

@@ -119,6 +119,7 @@ def write_exit(w):
         files=own_files(w),
         # the last sharded model's parameters as held (kept alive by w.weights, the model freed or not)
         wrote=dict(w.wrote),
+        dcp={path: sharded_checkpoint_covered(path) for path in sorted(w.sharded_saves)},
         sharded=sum(float(local(p).double().sum()) for p in w.weights) if w.sharded else None,
     )
 
@@ -134,3 +135,20 @@ def own_files(w):
             if not real.startswith(w.folder):  # this check's own sitecustomize
                 found.add(os.path.relpath(real))
     return sorted(found)
+
+
+def sharded_checkpoint_covered(path):
+    """[the tensors a sharded checkpoint's metadata lists, those whose chunks cover them whole], or None
+    where it cannot be read: whole, a resume at any world size loads them (torch.distributed.checkpoint
+    reshards on load)."""
+    import math
+
+    try:
+        from torch.distributed.checkpoint import FileSystemReader
+
+        metadata = FileSystemReader(path).read_metadata()
+    except Exception:  # noqa: BLE001 (not a folder of a finished save: not known)
+        return None
+    tensors = [m for m in metadata.state_dict_metadata.values() if hasattr(m, "chunks")]
+    whole = sum(sum(math.prod(c.sizes) for c in m.chunks) == math.prod(m.size) for m in tensors)
+    return [len(tensors), whole]

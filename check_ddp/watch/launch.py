@@ -6,6 +6,7 @@ import os
 import re
 import sys
 import time
+import types
 
 from .evidence import dist_initialized
 from .files import observe_writes
@@ -127,6 +128,12 @@ def process_start(original, w, name):
             return original(self)
         w.state["children"] = w.state.get("children", 0) + 1
         w.of.set(self, "child")
+        # to the script, a child that ran and ended well (its exitcode 0, not alive): the one this process
+        # stands for runs here; the others are the other processes' of the job
+        self._popen = types.SimpleNamespace(
+            poll=lambda: 0, wait=lambda timeout=None: 0, terminate=lambda: None, kill=lambda: None,
+            close=lambda: None, returncode=0, pid=os.getpid(), sentinel=None,
+        )  # fmt: skip
         if w.state["children"] - 1 == int(os.environ["LOCAL_RANK"]):  # the child this process stands for
             w.rec.add(
                 "spawn", how=f"a Process running {getattr(target, '__qualname__', 'its run()')}", at=where()
@@ -187,7 +194,12 @@ def parse_known_args(original, w, _):
     def parse_known_args(self, args=None, namespace=None):
         if AS_LAUNCHER and args is None:  # as torch.distributed.launch started it: --local_rank=N passed
             args = sys.argv[1:] + local_rank_argument(self, sys.argv[1:])
-        parsed = original(self, args, namespace)
+        try:
+            parsed = original(self, args, namespace)
+        except SystemExit:  # refused what it was given: one it requires missing (--local_rank=...)
+            with Quietly(w):
+                refused_local_rank(w, self, sys.argv[1:] if args is None else list(args))
+            raise
         with Quietly(w):
             given = sys.argv[1:] if args is None else list(args)
             for action in self._actions:
@@ -215,3 +227,28 @@ def local_rank_argument(parser, given):
         if options and not any(a == o or a.startswith(o + "=") for a in given for o in options):
             return [f"{options[0]}={os.environ['LOCAL_RANK']}"]
     return []
+
+
+def refused_local_rank(w, parser, given):
+    """The script's parser refused its arguments, and it requires a --local_rank option not given: what
+    torch.distributed.launch passed and torchrun does not. Recorded as the option, with no value."""
+    for action in parser._actions:
+        options = [o for o in action.option_strings if re.fullmatch(r"--local[-_]rank", o)]
+        given_here = any(a == o or a.startswith(o + "=") for a in given for o in options)
+        frame = outside_stdlib()
+        if (
+            options
+            and action.required
+            and not given_here
+            and frame is not None
+            and is_users(frame.f_code.co_filename)
+        ):
+            w.rec.add(
+                "arg",
+                option=options[0],
+                value=None,
+                default=action.default,
+                given=False,
+                at=where(),
+                refused=True,
+            )

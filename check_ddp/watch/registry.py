@@ -71,6 +71,7 @@ PRIVATE = (
     "torch.utils.data.DataLoader([0])._dataset_kind",
     "torch._dynamo.utils.counters",
     "multiprocessing.process.BaseProcess()._target",
+    "multiprocessing.process.BaseProcess()._popen",
     "argparse.ArgumentParser()._actions",
     "torch.utils.data.dataloader._BaseDataLoaderIter#_dataset_kind",
     "torch.nn.parallel.DistributedDataParallel#require_backward_grad_sync",

@@ -36,6 +36,9 @@ class Watcher:
         # the files this rank opened to write over: what it wrote into each, as far as seen (bytes, or None
         # where not known), and those opened since the last look (see files.observe_writes)
         self.wrote, self.unseen = {}, set()
+        self.sharded_saves = (
+            set()
+        )  # the folders of the sharded checkpoints saved (torch.distributed.checkpoint)
         self.folder = os.path.realpath(os.environ["CHECK_DDP_FOLDER"])
         self.caches = os.path.realpath(os.path.expanduser("~/.cache"))
 
