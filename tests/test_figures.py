@@ -3,9 +3,10 @@
 A kept run is a benchmark's own output, written beside it with its date, machine and load
 (`benchmarks/*.kept.json`, by each benchmark's --keep), or pytest's report of a run of the suite
 (`tests/timings/`, written by --junitxml, with the machine and load conftest.py adds). A page shows
-a kept output between `<!-- kept: PATH -->` and `<!-- end kept -->`, exactly as it was printed; a
-figure in its prose is read here from the kept files, and tied to the sentence that states it. Any
-other time, rate or ratio on a page is an error, unless its paragraph calls itself an estimate."""
+a kept output between `<!-- kept: PATH -->` (or one section of it, PATH#NAME) and `<!-- end kept -->`,
+exactly as it was printed; a figure in its prose is read here from the kept files, and tied to the
+sentence that states it. Any other time, rate or ratio on a page is an error, unless its paragraph
+calls itself an estimate."""
 
 import ast
 import importlib.util
@@ -60,21 +61,27 @@ def shown(page):
 
 
 def test_every_kept_output_a_page_shows_is_what_its_benchmark_printed():
+    # a region shows a kept run whole (PATH), or one section of it (PATH#NAME: the lines its benchmark
+    # printed as that section, in the file's "sections", each a part of what it printed)
     regions = [
         (page, path, lines)
-        for page in (README, TESTS_README, BENCHMARKS_README)
+        for page in (README, TESTS_README, BENCHMARKS_README, TROUBLESHOOTING)
         for path, lines in shown(page)
     ]
     assert regions, "no page shows a kept output"
     for page, path, lines in regions:
+        path, _, section = path.partition("#")
         record = kept(path)
         assert {"date", "command", "machine", "load_average", "printed", "environment"} <= record.keys(), path
         printed = [
             f"$ {record['command']}",
             *(line for line in record["printed"].splitlines() if line.strip()),
         ]
+        if section:
+            assert record["sections"][section] in record["printed"], f"{path}#{section} was not printed"
+            printed = [line for line in record["sections"][section].splitlines() if line.strip()]
         assert lines == printed, f"{page.relative_to(ROOT)} shows {path} otherwise than it was printed"
-    on_pages = {path for _, path, _ in regions}
+    on_pages = {path.partition("#")[0] for _, path, _ in regions}
     files = {str(p.relative_to(ROOT)) for p in (ROOT / "benchmarks").glob("*.kept.json")}
     assert files == on_pages, f"kept outputs no page shows: {files - on_pages}"
 
@@ -200,6 +207,12 @@ def reprinted(path, record):
             "FSDP2's parameters, gradients and optimizer state a rank, against DDP's: "
             + ", ".join(f"{ratio:.2f}x at N={n}" for n, ratio in ratios.items())
         )
+    elif name == "hang_tools":  # no measurement: each hang's section, as it was printed, in order
+        lines += [
+            f"hang_tools: each hang a pitfall's mistake, under each tool; {record['backend']}, 2 processes,"
+            f" a {record['timeout_s']} s timeout",
+            "\n".join(record["sections"].values()),
+        ]
     # the line every kept file ends with: when, where, and under what load
     load = record["load_average"]
     lines.append(
@@ -478,3 +491,4 @@ def test_every_figure_a_page_states_is_read_from_a_kept_run_or_called_an_estimat
         assert not untraced, (
             f"{page.relative_to(ROOT)}: figures no run kept, and not called estimates: {untraced}"
         )
+
