@@ -123,9 +123,15 @@ def reprinted(path, record):
         ratios = [one["check"] / one["run"] for one in rounds]
         summaries["check_over_run"] = (record["check_over_run"], statistics.median(ratios))
         lines.append("check / run, per round: median {} {}".format(*spread(ratios, ".2f")))
-    elif name == "notebook_time":
-        lines += [f"run {r}: {seconds:.0f} s" for r, seconds in enumerate(record["seconds"], 1)]
-        lines.append(f"slowest of {len(record['seconds'])}: {max(record['seconds']):.0f} s")
+    elif name == "notebook_time":  # each run, with its date, machine and load; then their range
+        runs = record["runs"]
+        lines += [
+            f"{run['date']}, {run['machine']} ({run['cpu']}), load average {run['load'][0]:.1f} to"
+            f" {run['load'][1]:.1f}: {run['seconds']:.0f} s"
+            for run in runs
+        ]
+        seconds = [run["seconds"] for run in runs]
+        lines.append(f"default run: {min(seconds):.0f} to {max(seconds):.0f} s over {len(runs)} runs")
     elif name.startswith("batch_fetch"):
         lines += [
             f"round {r}: whole {one['whole']:,.0f} samples/s, items {one['items']:,.0f} samples/s"
@@ -492,3 +498,20 @@ def test_every_figure_a_page_states_is_read_from_a_kept_run_or_called_an_estimat
             f"{page.relative_to(ROOT)}: figures no run kept, and not called estimates: {untraced}"
         )
 
+
+def test_the_notebooks_time_is_the_range_of_its_kept_runs():
+    # its first cell says how long a default run takes: the range of benchmarks/notebook_time.py's
+    # kept runs, to the minute, on the machines they ran on (each of them 2-core); and
+    # its prose gives no figure besides
+
+    runs = kept("benchmarks/notebook_time.kept.json")["runs"]
+    seconds = [run["seconds"] for run in runs]
+    cores = {run["machine"].partition("-core")[0] for run in runs}
+    assert len(runs) >= 2 and len(cores) == 1, runs
+    low, high = round(min(seconds) / 60), round(max(seconds) / 60)
+    said = f"Its kept runs took {low} to {high} minutes on a {cores.pop()}-core laptop"
+    cells = json.loads((ROOT / "walkthrough.ipynb").read_text())["cells"]
+    prose = [" ".join("".join(cell["source"]).split()) for cell in cells if cell["cell_type"] == "markdown"]
+    assert said in prose[0], f"the notebook's first cell no longer says: {said}"
+    untraced = [m.group(0) for text in prose for m in FIGURE.finditer(text.replace(said, ""))]
+    assert not untraced, f"the notebook's figures no run kept: {untraced}"
