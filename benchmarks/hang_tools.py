@@ -418,7 +418,7 @@ def write_page(kept):
         f"{load['end']:.1f} at the end"
     )
     text, found = re.subn(
-        r"(It kept these runs with `--keep` )(?:on .*?at the end|on KEPT_WHERE)",
+        r"(it kept these runs with `--keep` )(?:on .*?at the end|on KEPT_WHERE)",
         lambda m: m[1] + where,
         text,
         flags=re.S,
