@@ -72,7 +72,13 @@ for r in range(args.runs):
         sys.exit(f"notebook_time: nbconvert exited {proc.returncode}:\n{proc.stderr[-3000:]}")
     date = time.strftime("%Y-%m-%d", time.gmtime())
     runs.append(
-        {"date": date, "machine": machine, "cpu": cpu(), "load": [load, os.getloadavg()[0]], "seconds": seconds}
+        {
+            "date": date,
+            "machine": machine,
+            "cpu": cpu(),
+            "load": [load, os.getloadavg()[0]],
+            "seconds": seconds,
+        }
     )
     out.say(f"run {r + 1}: {said(runs[-1])}")
 
