@@ -6,7 +6,7 @@
     python benchmarks/hang_tools.py --backend nccl                 # one of them on 2 GPUs (gpu_checks.sh)
 
 Each hang is a pitfall's own mistake, its worker run by torchrun as the pitfall runs it (2 processes,
-the pitfall's 3 s timeout), with one tool on:
+the pitfall's short timeout, _launch.TIMEOUT_S), with one tool on:
 
 - TORCH_DISTRIBUTED_DEBUG=DETAIL, set in the environment: before every collective, the ranks compare
   what each is about to call, and a mismatch fails at once, naming both calls. Measured with torch
@@ -43,7 +43,9 @@ from datetime import timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TIMEOUT_S = 3  # pitfalls/_launch.py's, which each pitfall gives its process group
+sys.path.insert(0, str(ROOT / "pitfalls"))
+from _launch import TIMEOUT_S  # noqa: E402  (the timeout each pitfall gives its process group)
+
 HANGS = {  # name: what it is, the pitfall, the arguments its worker takes ({tmp}: a folder of its own)
     "collective_on_rank_zero": (
         "a collective on rank 0 alone",
