@@ -570,6 +570,9 @@ def profiled(loader, args, record):
                 flush=True,
             )
 
+    # torch 2.13's profiler (kineto) prints "profiler_start" and "profiler_stop" at a level above its
+    # errors (pytorch/kineto#1325); a level above every one keeps them out of our output; yours wins
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     activities = [torch.profiler.ProfilerActivity.CPU]
     if args.device == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)

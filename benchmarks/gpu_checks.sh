@@ -16,7 +16,10 @@
 #      there are 2, else 1) at each bucket size, to buckets.txt, and to buckets/: each run's
 #      traces (open them in ui.perfetto.dev), their timeline.png, and buckets.json;
 #   7. the benchmark, its rounds while they fit its budget, to benchmark.txt, and
-#      benchmark.json, written after every run, so that a hang still returns what was measured.
+#      benchmark.json, written after every run, so that a hang still returns what was measured;
+#   8. a hang on nccl, under PyTorch's tools (TORCH_DISTRIBUTED_DEBUG=DETAIL, monitored_barrier,
+#      the Flight Recorder and its analyser): benchmarks/hang_tools.py --backend nccl, to
+#      hangs_nccl.txt and hangs_nccl.json, where there are 2 GPUs (nccl puts a rank on each).
 # The interpreter: $PYTHON if set, else .venv/bin/python if there is one, else python3 (a
 # GPU machine's own, with torch, pytest and matplotlib, where nothing can be installed).
 # tests/test_gpu_checks.py runs this on a CPU as such a machine would, up to step 4.
@@ -24,6 +27,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-out/gpu_checks}
 collect_limit=60 tests_limit=150 buckets_limit=150 benchmark_budget=240 benchmark_limit=270 # seconds
+hangs_limit=120 # seconds, stage 8
 if [ -n "${PYTHON:-}" ]; then
     python=$PYTHON
 elif [ -x .venv/bin/python ]; then
@@ -86,5 +90,20 @@ benchmark=${PIPESTATUS[0]}
 [ "$benchmark" -eq 124 ] && say "the benchmark ran past its $benchmark_limit s and was stopped;" \
     "benchmark.json holds what it had measured"
 
-say "tests exited $tests, traces $buckets, benchmark $benchmark; outputs in $out"
-[ "$tests" -eq 0 ] && [ "$buckets" -eq 0 ] && [ "$benchmark" -eq 0 ]
+# 8. a hang on nccl, under PyTorch's tools ------------------------------------------------------------
+# the collective on rank 0 alone (pitfalls/step6_collective_on_rank_zero.py), on 2 GPUs: what DETAIL,
+# monitored_barrier and the Flight Recorder's analyser say of it on nccl (docs/troubleshooting.md
+# shows them on gloo)
+if [ "$gpus" -ge 2 ]; then
+    timeout -k 15 "$hangs_limit" "$python" benchmarks/hang_tools.py --backend nccl --keep "$out/hangs_nccl.json" \
+        2>&1 | tee "$out/hangs_nccl.txt"
+    hangs=${PIPESTATUS[0]}
+    [ "$hangs" -eq 124 ] && say "the hang on nccl ran past its $hangs_limit s and was stopped"
+else
+    hangs=0
+    say "the hang on nccl: skipped, it needs 2 GPUs (nccl puts each rank on a GPU of its own), $gpus here"
+fi
+# end of stage 8 --------------------------------------------------------------------------------------
+
+say "tests exited $tests, traces $buckets, benchmark $benchmark, hang on nccl $hangs; outputs in $out"
+[ "$tests" -eq 0 ] && [ "$buckets" -eq 0 ] && [ "$benchmark" -eq 0 ] && [ "$hangs" -eq 0 ]

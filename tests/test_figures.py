@@ -3,9 +3,10 @@
 A kept run is a benchmark's own output, written beside it with its date, machine and load
 (`benchmarks/*.kept.json`, by each benchmark's --keep), or pytest's report of a run of the suite
 (`tests/timings/`, written by --junitxml, with the machine and load conftest.py adds). A page shows
-a kept output between `<!-- kept: PATH -->` and `<!-- end kept -->`, exactly as it was printed; a
-figure in its prose is read here from the kept files, and tied to the sentence that states it. Any
-other time, rate or ratio on a page is an error, unless its paragraph calls itself an estimate."""
+a kept output between `<!-- kept: PATH -->` (or one section of it, PATH#NAME) and `<!-- end kept -->`,
+exactly as it was printed; a figure in its prose is read here from the kept files, and tied to the
+sentence that states it. Any other time, rate or ratio on a page is an error, unless its paragraph
+calls itself an estimate."""
 
 import ast
 import importlib.util
@@ -60,21 +61,27 @@ def shown(page):
 
 
 def test_every_kept_output_a_page_shows_is_what_its_benchmark_printed():
+    # a region shows a kept run whole (PATH), or one section of it (PATH#NAME: the lines its benchmark
+    # printed as that section, in the file's "sections", each a part of what it printed)
     regions = [
         (page, path, lines)
-        for page in (README, TESTS_README, BENCHMARKS_README)
+        for page in (README, TESTS_README, BENCHMARKS_README, TROUBLESHOOTING)
         for path, lines in shown(page)
     ]
     assert regions, "no page shows a kept output"
     for page, path, lines in regions:
+        path, _, section = path.partition("#")
         record = kept(path)
         assert {"date", "command", "machine", "load_average", "printed", "environment"} <= record.keys(), path
         printed = [
             f"$ {record['command']}",
             *(line for line in record["printed"].splitlines() if line.strip()),
         ]
+        if section:
+            assert record["sections"][section] in record["printed"], f"{path}#{section} was not printed"
+            printed = [line for line in record["sections"][section].splitlines() if line.strip()]
         assert lines == printed, f"{page.relative_to(ROOT)} shows {path} otherwise than it was printed"
-    on_pages = {path for _, path, _ in regions}
+    on_pages = {path.partition("#")[0] for _, path, _ in regions}
     files = {str(p.relative_to(ROOT)) for p in (ROOT / "benchmarks").glob("*.kept.json")}
     assert files == on_pages, f"kept outputs no page shows: {files - on_pages}"
 
@@ -116,9 +123,15 @@ def reprinted(path, record):
         ratios = [one["check"] / one["run"] for one in rounds]
         summaries["check_over_run"] = (record["check_over_run"], statistics.median(ratios))
         lines.append("check / run, per round: median {} {}".format(*spread(ratios, ".2f")))
-    elif name == "notebook_time":
-        lines += [f"run {r}: {seconds:.0f} s" for r, seconds in enumerate(record["seconds"], 1)]
-        lines.append(f"slowest of {len(record['seconds'])}: {max(record['seconds']):.0f} s")
+    elif name == "notebook_time":  # each run, with its date, machine and load; then their range
+        runs = record["runs"]
+        lines += [
+            f"{run['date']}, {run['machine']} ({run['cpu']}), load average {run['load'][0]:.1f} to"
+            f" {run['load'][1]:.1f}: {run['seconds']:.0f} s"
+            for run in runs
+        ]
+        seconds = [run["seconds"] for run in runs]
+        lines.append(f"default run: {min(seconds):.0f} to {max(seconds):.0f} s over {len(runs)} runs")
     elif name.startswith("batch_fetch"):
         lines += [
             f"round {r}: whole {one['whole']:,.0f} samples/s, items {one['items']:,.0f} samples/s"
@@ -200,6 +213,12 @@ def reprinted(path, record):
             "FSDP2's parameters, gradients and optimizer state a rank, against DDP's: "
             + ", ".join(f"{ratio:.2f}x at N={n}" for n, ratio in ratios.items())
         )
+    elif name == "hang_tools":  # no measurement: each hang's section, as it was printed, in order
+        lines += [
+            f"hang_tools: each hang a pitfall's mistake, under each tool; {record['backend']}, 2 processes,"
+            f" a {record['timeout_s']} s timeout",
+            "\n".join(record["sections"].values()),
+        ]
     # the line every kept file ends with: when, where, and under what load
     load = record["load_average"]
     lines.append(
@@ -481,3 +500,21 @@ def test_every_figure_a_page_states_is_read_from_a_kept_run_or_called_an_estimat
         assert not untraced, (
             f"{page.relative_to(ROOT)}: figures no run kept, and not called estimates: {untraced}"
         )
+
+
+def test_the_notebooks_time_is_the_range_of_its_kept_runs():
+    # its first cell says how long a default run takes: the range of benchmarks/notebook_time.py's
+    # kept runs, to the minute, on the machines they ran on (each of them 2-core); and
+    # its prose gives no figure besides
+
+    runs = kept("benchmarks/notebook_time.kept.json")["runs"]
+    seconds = [run["seconds"] for run in runs]
+    cores = {run["machine"].partition("-core")[0] for run in runs}
+    assert len(runs) >= 2 and len(cores) == 1, runs
+    low, high = round(min(seconds) / 60), round(max(seconds) / 60)
+    said = f"Its kept runs took {low} to {high} minutes on a {cores.pop()}-core laptop"
+    cells = json.loads((ROOT / "walkthrough.ipynb").read_text())["cells"]
+    prose = [" ".join("".join(cell["source"]).split()) for cell in cells if cell["cell_type"] == "markdown"]
+    assert said in prose[0], f"the notebook's first cell no longer says: {said}"
+    untraced = [m.group(0) for text in prose for m in FIGURE.finditer(text.replace(said, ""))]
+    assert not untraced, f"the notebook's figures no run kept: {untraced}"

@@ -113,3 +113,22 @@ def test_a_python_without_torch_is_refused_by_name(tmp_path):
     assert "gpu_checks.sh: stopped: python3 cannot import torch" in proc.stderr, proc.stderr
     assert "torch: cannot be imported" in (out / "environment.txt").read_text()
     assert not (out / "gpu_tests_collected.txt").exists()
+
+
+def test_its_hang_on_nccl_needs_two_gpus_and_says_so_where_there_are_fewer():
+    # gpu_checks.sh's stage 8 runs it where there are 2 GPUs; on fewer it must end at once, saying why
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/hang_tools.py", "--backend", "nccl"],
+        cwd=ROOT,
+        env=cpu_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert (
+        "hang_tools: nccl puts each rank on a GPU of its own: 2 are needed, 0 here; nothing ran"
+        in proc.stderr
+    )
+    stage = (ROOT / "benchmarks/gpu_checks.sh").read_text().split("# 8. ")[1]
+    assert '"$gpus" -ge 2' in stage and "hang_tools.py --backend nccl" in stage

@@ -191,6 +191,8 @@ def test_the_notebook_runs_top_to_bottom_writes_only_its_out_folder_and_shows_wh
     assert all(0 < len(view.splitlines()) <= 25 for view in views), views  # a step's lines, not a hunk
 
     text = "".join(map(outputs, cells))
+    # the profiler's own lines (torch 2.13's "USDT:... profiler_start") stay out of the cells' outputs
+    assert "profiler_st" not in text, [line for line in text.splitlines() if "profiler_st" in line]
     gaps = re.findall(r"N=(\d): largest per-epoch difference from the baseline, (\S+) loss: (\S+)", text)
     # on a CPU, the loss curves run 2 and 4 processes (one would be the baseline's run again)
     assert [(n, loss) for n, loss, _ in gaps] == [

@@ -79,6 +79,16 @@ def test_every_rank_writes_a_trace_whose_all_reduces_overlap_backward(shared_run
 
 
 @pytest.mark.slow
+def test_the_profilers_own_lines_stay_out_of_the_scripts_output(shared_run):
+    # torch 2.13's profiler prints "USDT:... profiler_start" and "profiler_stop" on every process that
+    # records; each script's --profile keeps them out (KINETO_LOG_LEVEL), so that a run prints its own
+    for command in (SMALL_BUCKETS, BASELINE, FSDP):
+        proc = shared_run(command).proc
+        said = [line for line in (proc.stdout + proc.stderr).splitlines() if "profiler_st" in line]
+        assert said == [], f"{command}:\n" + "\n".join(said)
+
+
+@pytest.mark.slow
 def test_the_notebooks_drawing_code_draws_them(shared_run, drawing):
     runs = {
         title: traces(shared_run(command), drawing)
