@@ -7,7 +7,7 @@ import textwrap
 from pathlib import Path
 
 from .job import runs
-from .judge.registry import SET_ASIDE
+from .judge.registry import RULES, SET_ASIDE
 from .judge.words import plural
 from .steps import PITFALLS, STEPS
 
@@ -46,6 +46,26 @@ def see(line):
     return f"{pitfall}; {explanation}" if pitfall else explanation
 
 
+# the page that shows each of PyTorch's own tools on a hang, from kept runs
+HANG_TOOLS = "docs/troubleshooting.md"
+
+
+def tools(job, line):
+    """Which of PyTorch's own tools show a hang on the learner's cluster, as commands for their own job;
+    None for a finding of no hang."""
+    rule = RULES.get(line.code)
+    if not rule or not rule.hang or line.verdict != "FAIL":
+        return None
+    page = PROJECT / HANG_TOOLS
+    where = f"{from_here(page)}#a-hang-seen-with-pytorchs-own-tools" if page.is_file() else "PyTorch's docs"
+    return (
+        "on a cluster, start torchrun with TORCH_DISTRIBUTED_DEBUG=DETAIL (which collective differs, nccl), "
+        "or with TORCH_FR_BUFFER_SIZE=2000 TORCH_FR_DUMP_TEMP_FILE=$PWD/fr/rank_ and read the dumps with "
+        "python -m torch.distributed.flight_recorder.fr_trace fr (where each rank was); "
+        f"dist.monitored_barrier(wait_all_ranks=True) names the rank that never came (gloo): {where}"
+    )
+
+
 def how_it_ran(job):
     """2 processes as 2 nodes of 1, GPU script stood in on the CPU: cuda -> cpu, nccl -> gloo."""
     n = len(job.ranks) or job.nproc
@@ -73,6 +93,7 @@ def as_json(job, verdict):
             "at": re.findall(r"[\w./-]+\.py:\d+", line.message),
             "help": line.help if line.verdict in ("FAIL", "warn") else None,
             "see": see(line) if line.verdict in ("FAIL", "warn") else None,
+            "tools": tools(job, line),
             "run": line.run,
         }
         for line in verdict.lines
@@ -130,6 +151,17 @@ def report(job, verdict):
                 )
             )
             out.append(f"{indent}see:  {see(line)}")  # whole, to copy
+            if tools(job, line):
+                out.append(
+                    textwrap.fill(
+                        tools(job, line),
+                        width,
+                        initial_indent=indent + "tools: ",
+                        subsequent_indent=indent + " " * 7,
+                        break_on_hyphens=False,
+                        break_long_words=False,
+                    )
+                )
     out += [
         f"check_ddp: {at}: ignore[{code}] names no code of check_ddp's ({explain_command()} lists them)"
         for at, code in verdict.unknown_ignores

@@ -33,6 +33,7 @@ PITFALLS = {  # the programs in pitfalls/, beside this file in its project, that
     "notebook": "pitfalls/step8_ddp_inside_a_notebook_cell.py",
     "no_sync": "pitfalls/step9_accumulation_without_no_sync.py",
     "early_stop": "pitfalls/step10_early_stop_on_one_rank.py",
+    "eval_through_ddp": "pitfalls/step10_evaluate_through_ddp_on_rank_zero.py",
     "every_rank_saves": "pitfalls/step6_every_rank_saves.py",
     "optimizer_before_shard": "pitfalls/fsdp_step4_optimizer_before_fully_shard.py",
     "full_state_dict_rank_zero": "pitfalls/fsdp_step6_full_state_dict_on_rank_zero.py",

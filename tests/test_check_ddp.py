@@ -742,6 +742,26 @@ def test_a_finding_the_script_silences_is_counted_and_named():
     )
 
 
+def test_a_hang_finding_says_which_of_pytorchs_own_tools_show_it_on_a_cluster():
+    """A finding of ranks that wait for one another names PyTorch's own tools, as commands, and the page
+    that shows what each prints (docs/troubleshooting.md, from kept runs); a finding of no hang, none."""
+    hang = as_json(job := Job.load(JOBS / "trainer_barrier_in_save"), judge(job))
+    (finding,) = [f for f in hang["findings"] if f["verdict"] == "FAIL"]
+    for said in (
+        "TORCH_DISTRIBUTED_DEBUG=DETAIL",
+        "TORCH_FR_BUFFER_SIZE=",
+        "flight_recorder.fr_trace",
+        "monitored_barrier",
+    ):
+        assert said in finding["tools"], finding["tools"]
+    page, _, anchor = finding["tools"].rpartition(": ")[2].partition("#")
+    assert f"# {anchor.replace('-', ' ')}" in (ROOT / page).read_text().lower().replace(",", "").replace(
+        "'", ""
+    )
+    other = as_json(job := Job.load(JOBS / "mnist_no_set_epoch"), judge(job))
+    assert [f["tools"] for f in other["findings"] if f["verdict"] == "FAIL"] == [None]
+
+
 def test_a_missing_script_is_a_usage_error(tmp_path):
     proc = run([sys.executable, str(CHECK), "no_such_script.py"], cwd=tmp_path, env=cpu_env(), expect=2)
     assert "no_such_script.py: no such file" in proc.stderr

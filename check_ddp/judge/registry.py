@@ -56,6 +56,9 @@ class Rule:
     # a finding that compares the ranks (their data, their calls, their weights): what an earlier place
     # where the ranks parted explains (a finding's follows_across)
     across: bool = False
+    # a finding of ranks that wait for one another (a hang, or a rank that lost its peers): the report says
+    # which of PyTorch's own tools show it on a cluster, with the commands
+    hang: bool = False
 
     @property
     def doc(self):
@@ -134,7 +137,7 @@ SET_ASIDE = {
 }
 
 
-def rule(code, verdict, help, see=None, explains=(), sets_aside=(), launch=None, across=False):
+def rule(code, verdict, help, see=None, explains=(), sets_aside=(), launch=None, across=False, hang=False):
     """Declare a rule: the function under it looks at the facts and returns Found, or None."""
 
     def register(check):
@@ -150,6 +153,7 @@ def rule(code, verdict, help, see=None, explains=(), sets_aside=(), launch=None,
             tuple(sets_aside),
             launch,
             across,
+            hang,
         )
         return check
 

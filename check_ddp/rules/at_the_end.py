@@ -62,6 +62,7 @@ def crashed(f):
 @rule(
     "DDP504",
     "FAIL",
+    hang=True,
     across=True,
     see="rank_zero_collective",
     help="every rank must reach the same collectives, in the same order",

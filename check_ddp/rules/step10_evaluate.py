@@ -19,6 +19,7 @@ from ..judge.words import ranks_text, short
 @rule(
     "DDP1007",
     "FAIL",
+    hang=True,
     across=True,
     see="early_stop",
     help="decide to stop from values every rank has (all-reduce the metric first), so that all stop together",
@@ -36,7 +37,9 @@ def left_loop_apart(f):
 @rule(
     "DDP1001",
     "FAIL",
+    hang=True,
     across=True,
+    see="eval_through_ddp",
     explains=("crash", "hang"),
     help="evaluate the bare model, model.module, under torch.no_grad(), where some ranks evaluate alone; "
     "or evaluate through DDP on every rank",

@@ -159,6 +159,7 @@ def rank_passed_wrong(f):
 @rule(
     "DDP107",
     "FAIL",
+    hang=True,
     launch="follows",
     explains=("hang",),
     help="every process of the job must call init_process_group() with what torchrun set",

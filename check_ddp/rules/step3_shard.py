@@ -14,6 +14,7 @@ from ..judge.words import ordinal, plural, ranks_text
 @rule(
     "DDP307",
     "FAIL",
+    hang=True,
     across=True,
     see="uneven",
     help="give every rank as many batches: DistributedSampler (it pads, or drops with drop_last=True), or "

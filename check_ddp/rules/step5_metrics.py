@@ -14,6 +14,7 @@ from ..judge.words import plural
 @rule(
     "DDP508",
     "FAIL",
+    hang=True,
     across=True,
     see="rank_zero_collective",
     help="every rank must call the same collectives, in the same order: take each out of any branch only "
@@ -113,7 +114,10 @@ def host_sync_every_step(f):
             items[at] = items.get(at, 0) + 1
     every_step += [f".item() at {f.code(at)}" for at, count in items.items() if count >= 0.9 * n]
     if every_step:
-        return Found(f"a host sync at every one of {n} optimizer steps, for logging: {'; '.join(every_step)}")
+        return Found(
+            f"a host sync (the CPU waiting for the GPU) at every one of {n} optimizer steps, for logging: "
+            + "; ".join(every_step)
+        )
     return None
 
 

@@ -72,6 +72,7 @@ def alone_load(f, e, others):
 @rule(
     "DDP609",
     "FAIL",
+    hang=True,
     across=True,
     see="rank_zero_collective",
     help="take the collective out of the rank-only block: every rank must call it",
