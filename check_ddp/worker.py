@@ -119,7 +119,9 @@ def as_its_launcher(rank, world, node, nodes, per_node):
     said = {
         "SLURM_PROCID": rank, "SLURM_LOCALID": local, "SLURM_NTASKS": world, "SLURM_NODEID": node,
         "SLURM_NNODES": nodes, "SLURM_JOB_NUM_NODES": nodes, "SLURM_NTASKS_PER_NODE": per_node,
-        "SLURM_GPUS_ON_NODE": per_node,
+        "SLURM_GPUS_ON_NODE": per_node, "SLURM_NPROCS": world, "SLURM_CPUS_PER_TASK": 1,
+        "SLURM_JOB_NODELIST": "localhost", "SLURM_NODELIST": "localhost", "SLURM_JOB_ID": 1, "SLURM_JOBID": 1,
+        "SLURM_STEP_ID": 0,
         "OMPI_COMM_WORLD_RANK": rank, "OMPI_COMM_WORLD_SIZE": world, "OMPI_COMM_WORLD_LOCAL_RANK": local,
         "OMPI_COMM_WORLD_LOCAL_SIZE": per_node, "OMPI_COMM_WORLD_NODE_RANK": node,
         "PMI_RANK": rank, "PMI_SIZE": world, "MPI_LOCALRANKID": local, "MPI_LOCALNRANKS": per_node,
