@@ -240,12 +240,13 @@ def test_the_watcher_and_the_stand_in_in_one_process(tmp_path):
     import subprocess
 
     (tmp_path / "my_train.py").write_text(WATCHED)
-    (tmp_path / "site").mkdir()
-    (tmp_path / "site" / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    job = tmp_path / "job"  # the job's folder, as check_ddp.run makes one: the records, its sitecustomize
+    (job / "site").mkdir(parents=True)
+    (job / "site" / "sitecustomize.py").write_text(SITECUSTOMIZE)
     env = {
         **os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-        "TORCHELASTIC_RUN_ID": "none", "PYTHONPATH": str(tmp_path / "site"),
-        "CHECK_DDP_FOLDER": str(tmp_path), "CHECK_DDP_TOOL": str(PACKAGE), "CHECK_DDP_STANDIN": "1",
+        "TORCHELASTIC_RUN_ID": "none", "PYTHONPATH": str(job / "site"),
+        "CHECK_DDP_FOLDER": str(job), "CHECK_DDP_TOOL": str(PACKAGE), "CHECK_DDP_STANDIN": "1",
         "CHECK_DDP_STRICT": "1", "CUDA_VISIBLE_DEVICES": "",
     }  # fmt: skip
     proc = subprocess.run(
@@ -253,7 +254,10 @@ def test_the_watcher_and_the_stand_in_in_one_process(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[-1] == "done" and "no CUDA generator" in proc.stdout
-    records = [json.loads(line) for line in (tmp_path / "rank0.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (job / "rank0.jsonl").read_text().splitlines()]
+    assert not [r for r in records if "sitecustomize" in json.dumps(r)], (
+        "the check's own frames as the script's"
+    )
     kinds = {}
     for r in records:
         kinds.setdefault(r["e"], []).append(r)

@@ -11,6 +11,10 @@ from .registry import CALL_OF_CODE
 
 # this check's own code: every file of its package (a frame of one is never the script's)
 OURS = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep
+# the job's folder, where the check's sitecustomize.py runs the watcher: its frames are the check's too
+JOB_FOLDER = (
+    os.path.realpath(os.environ["CHECK_DDP_FOLDER"]) + os.sep if "CHECK_DDP_FOLDER" in os.environ else None
+)
 TORCH_DIR = ""  # torch's own folder: set once torch is imported, in watch()
 LIBRARY_DIRS = tuple(
     os.path.realpath(p) for p in {sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")}
@@ -20,8 +24,9 @@ STDLIB = os.path.realpath(sysconfig.get_paths()["stdlib"])
 
 
 def is_ours(filename):
-    """A file of this check's own package."""
-    return os.path.realpath(filename).startswith(OURS)
+    """A file of this check's own: of its package, or the sitecustomize.py it runs the watcher from."""
+    path = os.path.realpath(filename)
+    return path.startswith(OURS) or bool(JOB_FOLDER and path.startswith(JOB_FOLDER))
 
 
 def is_users(filename):
@@ -29,7 +34,7 @@ def is_users(filename):
     path = os.path.realpath(filename)
     return not (
         filename.startswith("<")
-        or path.startswith(OURS)
+        or is_ours(path)
         or (TORCH_DIR and path.startswith(TORCH_DIR))
         or path.startswith(LIBRARY_DIRS)
     )
