@@ -18,6 +18,7 @@ DDP_FORWARD = "torch.nn.parallel.DistributedDataParallel.forward"
 
 
 ENVIRON_READ = "os._Environ.__getitem__"
+TORCH_LOAD = "torch.load"
 
 
 COMMUNICATION_ERROR = re.compile(
@@ -40,9 +41,20 @@ def crash_step(f, rank, event):
         return SCRIPT
     if call == ENVIRON_READ:
         return 8 if asked else SCRIPT
+    if call == TORCH_LOAD and not written_by_the_job(f, rank):
+        return SCRIPT  # a file no rank of the job wrote fails to load in one process too: the script's own
     if call in CALLS:
         return CALLS[call].step
     return 8 if asked else SCRIPT
+
+
+def written_by_the_job(f, rank):
+    """Whether the file the rank was loading when it failed (its last torch.load) is one some rank of this
+    job saved or wrote: a checkpoint of the job's, which its ranks may race for."""
+    loads = [e for e in f.job.ranks.get(rank, []) if e["e"] == "load"]
+    path = loads[-1]["path"] if loads else None
+    written = {e["path"] for _, e in [*f.job.records("save"), *f.job.records("write")]}
+    return path is None or path in written | {f.renamed.get(p, p) for p in written}
 
 
 # what a rank was doing, told by the last of its records before an error: (words, the call that

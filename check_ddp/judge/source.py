@@ -336,6 +336,18 @@ class Source:
             {path: tree for path in sorted(self.job.sources) if (tree := self.tree(path))}
         )
 
+    def keyword_calls(self, keyword, value):
+        """file:line of each call in the script's files given keyword=value (a constant), in order."""
+        found = []
+        for path in sorted(self.job.sources):
+            for node in ast.walk(self.tree(path) or ast.Module([], [])):
+                if isinstance(node, ast.Call) and any(
+                    k.arg == keyword and isinstance(k.value, ast.Constant) and k.value.value is value
+                    for k in node.keywords
+                ):
+                    found.append(f"{path}:{node.lineno}")
+        return sorted(set(found), key=by_line)
+
     def calls(self, name):
         """The calls of `name` (torch.save, torch.load) in the script's files, reached or not: (file:line,
         {keyword: its value where a constant, else UNDECIDED}), in order."""

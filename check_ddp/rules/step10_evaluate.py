@@ -198,7 +198,7 @@ def evaluation_by_hand_not_reduced(f):
 
 @rule(
     "DDP1003",
-    "FAIL",
+    "warn",
     see="metrics",
     help="sum (loss x samples, samples) and correct counts on each rank, then dist.all_reduce() them before "
     "dividing",
@@ -207,8 +207,9 @@ def evaluation_not_reduced(f):
     """Each rank evaluated only its shard of the held-out set, and no collective followed.
 
     With a DistributedSampler on the held-out set, each rank sees 1/N of it; the metric each
-    rank then reports is its shard's alone, and differs from rank to rank. Sum (loss x samples,
-    samples, correct) on each rank and all-reduce the sums before dividing.
+    rank then reports is its shard's alone, and differs from rank to rank: an estimate from 1/N of
+    the held-out set, reported as the job's (a warning, as a training loss of rank 0's shard is, DDP506).
+    Sum (loss x samples, samples, correct) on each rank and all-reduce the sums before dividing.
     """
     if not crashed_in_evaluation(f) and f.evaluated and f.evaluated[0] == "unreduced":
         at = f.evaluated[2]

@@ -82,6 +82,37 @@ def group_needed_before_made(f):
 
 
 @rule(
+    "DDP108",
+    "warn",
+    sets_aside=("layout",),
+    help="decide from torchrun's WORLD_SIZE (or whether RANK is set), not from torch.cuda.device_count(): a "
+    "node of one GPU is still one of a job of many",
+)
+def distributes_by_the_nodes_gpus(f):
+    """The script counts its node's GPUs to decide whether to distribute: on nodes of one GPU, each alone.
+
+    `if torch.cuda.device_count() > 1: init_process_group(...)`, or `mp.spawn(..., nprocs=
+    torch.cuda.device_count())`, ties the job to one machine's GPUs: on a node of 8 GPUs it
+    distributes, and on several nodes of one GPU each (as the check shows its processes) each process
+    trains alone, or starts one process of its own. torchrun says how many processes the job has:
+    WORLD_SIZE. A risk of several machines, said as a warning; the rest is checked again as one node
+    of all the processes, where the script distributes as on a machine of several GPUs.
+    """
+    job = f.job
+    counted = [e for _, e in job.records("read") if e["key"] == "device_count" and e["by"] == "script"]
+    if not counted or job.nnodes < 2 or job.records("init") or any(s["gpus"] != 1 for s in f.starts.values()):
+        return None
+    spawned_one = all("nprocs=1)" in e["how"] for _, e in job.records("spawn"))
+    if not (job.records("step") or job.records("spawn")) or not spawned_one:
+        return None
+    return Found(
+        f"the script counts its node's GPUs ({f.code(counted[0]['at'])}), and on nodes of one GPU each, as "
+        "the check shows them, it made no process group: each process trained alone (on a machine of "
+        "several GPUs it would distribute)"
+    )
+
+
+@rule(
     "DDP104", "FAIL", help="call dist.init_process_group(backend) first, in every process", launch="follows"
 )
 def no_process_group(f):

@@ -77,6 +77,33 @@ def wrapper_never_called(f):
 
 
 @rule(
+    "DDP409",
+    "FAIL",
+    help="device_ids=[local_rank], the GPU the model is on: DDP(model, device_ids=[device.index])",
+)
+def device_ids_elsewhere(f):
+    """DDP's device_ids name another GPU than the one the model is on: on GPUs, the first forward fails.
+
+    With device_ids, DDP moves each batch to device_ids[0] before the model's forward. A model on
+    cuda:1 wrapped with device_ids=[0] (a --local_rank that stayed 0, the global rank where the local
+    one was meant) gets its batches on cuda:0, and its first layer fails ("Expected all tensors to be
+    on the same device"). Give DDP the GPU the model is on.
+    """
+    if not f.on_gpus:
+        return None
+    for r, e in f.job.records("ddp"):
+        asked = [d.rpartition(":")[2] for d in e["device_ids"]]
+        model = f.model_devices.get(r, [])
+        if asked and asked[0].isdigit() and len(model) == 1 and model[0].startswith("cuda:"):
+            if model[0] != f"cuda:{asked[0]}":
+                return Found(
+                    f"rank {r}'s model is on {model[0]}, and DDP(...) at {f.code(e['at'])} is given "
+                    f"device_ids=[{asked[0]}]: DDP moves its batches to cuda:{asked[0]}"
+                )
+    return None
+
+
+@rule(
     "DDP405",
     "FAIL",
     across=True,

@@ -131,7 +131,7 @@ def sharded_state_dict_saved(f):
 
 @rule(
     "DDP611",
-    "FAIL",
+    "warn",
     explains=("crash",),
     help="save plain data in a checkpoint: tensors, numbers, strings, and lists and dicts of them "
     "(vars(args), not args; float(x), not a numpy number); or load inside "
@@ -147,7 +147,8 @@ def resume_cannot_load(f):
     UnpicklingError: the run that saves never shows it, and a job restarted after a crash cannot
     continue. The check reads each saved file back as torch.load(weights_only=True) reads it, and
     finds the script's torch.load calls in its code, reached by the run or not. Save plain data, or
-    load inside torch.serialization.safe_globals([...]).
+    load inside torch.serialization.safe_globals([...]). (One process of the script fails the same way:
+    a warning, not a DDP step's FAIL.)
     """
     version = max((e.get("torch") or "0.0" for e in f.starts.values()), default="0.0")
     default = tuple(int(x) for x in re.findall(r"\d+", version)[:2]) >= (2, 6)  # weights_only's default
@@ -176,7 +177,7 @@ def resume_cannot_load(f):
 
 @rule(
     "DDP601",
-    "FAIL",
+    "warn",
     see="unsafe_load",
     help="load with weights_only=True (the default since torch 2.6): a file anyone could have put there is "
     "a stranger's, and its pickle runs as you",
@@ -188,7 +189,8 @@ def unsafe_load(f):
     names. A file in a folder anyone on the machine may write to (/tmp, /dev/shm) that this job did
     not save could have been put there, or replaced, by another user's process: loading it so runs
     their code, as you, on every rank. Load with weights_only=True, and save plain data (a
-    state_dict(), not the model object). A file of your own that you trust is DDP613's, a warning.
+    state_dict(), not the model object). A file of your own that you trust is DDP613's. (One process of
+    the script runs the same code: a warning of its own, not a DDP step's FAIL.)
     """
     saved = {e["path"] for _, e in f.job.records("save")} | set(f.renamed.values())
     for _, e in f.job.records("load"):
@@ -453,8 +455,8 @@ def trusted_load_runs_code(f):
 
     With weights_only=False, unpickling may call any function the file names. For a checkpoint
     the script wrote itself, or a pretrained file it ships with, that is a choice with a risk, as a
-    linter's security rules treat it: a warning, not a broken step. It becomes DDP601, a FAIL,
-    where the file sits in a folder anyone may write to. Save plain data and load with
+    linter's security rules treat it: a warning, not a broken step. It is DDP601 where the file sits
+    in a folder anyone may write to. Save plain data and load with
     weights_only=True; or keep False for your own files, and say so with `# check_ddp:
     ignore[DDP613]` on the line.
     """

