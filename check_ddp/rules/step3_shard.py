@@ -283,8 +283,8 @@ def every_rank_downloads(f):
     unguarded = [at for at in calls if not f.source.rank_condition(at)]
     if unguarded and not guarded:  # one on rank 0 first (then a barrier) makes the others a read
         return Found(
-            f"{f.code(unguarded[0])} downloads with download=True on every rank: the {f.world} ranks fetch the "
-            "data into one folder at once"
+            f"{f.code(unguarded[0])} downloads with download=True on every rank: the {f.world} ranks fetch "
+            "the data into one folder at once"
         )
     return None
 
