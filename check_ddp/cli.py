@@ -157,14 +157,15 @@ def set_aside(options, job, judged):
     """What a run again sets aside, to check the rest: "launch", the script's own launch variables and
     init_process_group() arguments over torchrun's (torchrun's are kept); "layout", the rehearsed nodes
     (one node of all the processes); "launcher", torchrun's launch, the job made as the launcher the
-    script was written for would make it. A launch of the script's own is set aside whether or not the
-    job stopped; anything else only where it stopped the job."""
+    script was written for would make it. A launch of the script's own (and a rule's sets_aside marked
+    "always") is set aside whether or not the job stopped; anything else only where it stopped the job."""
     stopped = job.hung or job.returncode
     found = {
         kind
         for x in judged.stoppers
-        if stopped or RULES[x.code].launch == "root"
+        if stopped or RULES[x.code].launch == "root" or "always" in RULES[x.code].sets_aside
         for kind in RULES[x.code].sets_aside
+        if kind != "always"
     }
     if options.nnodes is not None or job.nnodes == 1:
         found.discard("layout")

@@ -127,8 +127,9 @@ def report(job, verdict):
         stops = before.stoppers
         what = " and ".join(SET_ASIDE[kind] for kind in sorted(again.aside, key=list(SET_ASIDE).index))
         steps = ", ".join(str(line.step) for line in stops)
+        said = "failed" if any(line.verdict == "FAIL" for line in stops) else "warned"
         out.append(
-            f"check_ddp: DDP step {steps} failed, so checked again {what} ({how_it_ran(again)}; "
+            f"check_ddp: DDP step {steps} {said}, so checked again {what} ({how_it_ran(again)}; "
             f"{again.seconds:.1f} s): DDP step {steps} from the run before, the other steps from this one"
         )
     lines = verdict.lines

@@ -48,7 +48,9 @@ class Rule:
     help: str
     see: str  # a key of PITFALLS, or None
     explains: tuple  # "crash", "hang": what of the job's end the finding accounts for, by default
-    sets_aside: tuple  # what a run again sets aside to check the rest (keys of SET_ASIDE), or ()
+    # what a run again sets aside to check the rest (keys of SET_ASIDE), or (); "always": whether or not
+    # the job stopped (else only where it did, or for a launch of the script's own)
+    sets_aside: tuple
     # "root": a launch of the script's own (its processes, or who they are, not torchrun's: DDP step 8);
     # "follows": a finding that follows from such a launch, where one FAILs or was set aside (its ranks
     # never formed torchrun's job: they meet elsewhere, claim one rank, or train alone)

@@ -84,7 +84,7 @@ def group_needed_before_made(f):
 @rule(
     "DDP108",
     "warn",
-    sets_aside=("layout",),
+    sets_aside=("layout", "always"),  # its course on nodes of one GPU hides the rest, stopped or not
     help="decide from torchrun's WORLD_SIZE (or whether RANK is set), not from torch.cuda.device_count(): a "
     "node of one GPU is still one of a job of many",
 )
