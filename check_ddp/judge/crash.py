@@ -41,8 +41,10 @@ def crash_step(f, rank, event):
         return SCRIPT
     if call == ENVIRON_READ:
         return 8 if asked else SCRIPT
-    if call == TORCH_LOAD and not written_by_the_job(f, rank):
-        return SCRIPT  # a file no rank of the job wrote fails to load in one process too: the script's own
+    if call == TORCH_LOAD and (
+        not written_by_the_job(f, rank) or "Weights only load failed" in event["message"]
+    ):
+        return SCRIPT  # one process fails to load it too (a file no rank wrote; torch.load's own refusal)
     if call in CALLS:
         return CALLS[call].step
     return 8 if asked else SCRIPT

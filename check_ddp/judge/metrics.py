@@ -83,10 +83,11 @@ def accumulations(function):
         if not losses:
             continue
         assigned = [n for n in ast.walk(loop) if isinstance(n, ast.Assign)]
+        inputs = batch_names(loop, assigned)
         made = set(losses)
-        for node in assigned:  # logits = model(x); loss = criterion(logits, y): logits too
+        for node in assigned:  # logits = model(x); loss = criterion(logits, y): logits too, not y
             if {holder(t) for t in node.targets} & losses:
-                made |= names_in(node.value) & {holder(t) for a in assigned for t in a.targets}
+                made |= (names_in(node.value) & {holder(t) for a in assigned for t in a.targets}) - inputs
         for _ in range(2):  # and what is made of those: l = loss.item(), n = loss.detach()
             for node in assigned:
                 if names_in(node.value) & made:
@@ -104,6 +105,21 @@ def accumulations(function):
             ):
                 found.append((node, holder(node.func.value)))
     return found
+
+
+def batch_names(loop, assigned):
+    """The names a training loop's batch is held in: its own targets (for x, y in loader), and what is
+    made of them alone (x = x.to(device), images, labels = batch): the inputs, not what the model made."""
+    names = set()
+    targets = [n.target for n in ast.walk(loop) if isinstance(n, ast.For)]
+    for target in targets:
+        names |= {x.id for x in ast.walk(target) if isinstance(x, ast.Name)}
+    for _ in range(2):
+        for node in assigned:
+            used = {n for n in names_in(node.value) if "." not in n}
+            if used and used <= names | {"device", "torch", "non_blocking", "self"}:
+                names |= {x.id for t in node.targets for x in ast.walk(t) if isinstance(x, ast.Name)}
+    return names
 
 
 class Flow:
@@ -174,13 +190,13 @@ def follow(flow, reducing, path, function, statement, name):
     """The metric a training loop's statement adds up into name, followed through the function (and the
     functions that take what it returns): where it is read out, and whether it is reduced."""
     names, reduced = {name}, False
-    scopes = [function]
+    scopes = [(path, function)]
     returned = any(
         isinstance(n, ast.Return) and n.value is not None and names_in(n.value) & names
         for n in ast.walk(function)
     )
     if returned and getattr(function, "name", None):  # x = self.train_epoch(): x holds it in the caller
-        for tree in flow.trees.values():
+        for other, tree in flow.trees.items():
             for node in ast.walk(tree):
                 if (
                     isinstance(node, ast.Assign)
@@ -188,9 +204,9 @@ def follow(flow, reducing, path, function, statement, name):
                     and called(node.value) == function.name
                 ):
                     names |= {holder(t) for t in node.targets if holder(t)}
-                    scopes.append(enclosing(tree, node))
+                    scopes.append((other, enclosing(tree, node)))
     reads, reduced_at = [], []
-    for scope in scopes:
+    for where, scope in scopes:
         for _ in range(3):  # what is made of it: t = torch.tensor([running_loss]), avg = total / n
             for node in ast.walk(scope):
                 if isinstance(node, ast.Assign) and names_in(node.value) & names:
@@ -199,13 +215,13 @@ def follow(flow, reducing, path, function, statement, name):
             if isinstance(node, ast.Call) and node is not statement:
                 if reduces(node, names, reducing):
                     reduced = True
-                    reduced_at.append(f"{path}:{node.lineno}")
-                if node.lineno != statement.lineno and reads_out(node, names):
-                    reads.append(f"{path}:{node.lineno}")
+                    reduced_at.append(f"{where}:{node.lineno}")
+                if (where, node.lineno) != (path, statement.lineno) and reads_out(node, names):
+                    reads.append(f"{where}:{node.lineno}")
     return Metric(
         f"{path}:{statement.lineno}",
         name,
-        tuple(sorted(set(reads), key=line_number)),
+        tuple(sorted(set(reads), key=by_place)),
         reduced,
         tuple(reduced_at),
     )
@@ -266,5 +282,6 @@ def in_loop_of(scope, statement, node):
     return False
 
 
-def line_number(at):
-    return int(at.rpartition(":")[2])
+def by_place(at):
+    path, _, line = at.rpartition(":")
+    return path, int(line)

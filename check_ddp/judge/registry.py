@@ -74,7 +74,7 @@ RULES = {}  # code: Rule
 # that fell out of step come first (a hang or a lost peer explains what else looks wrong); then a
 # cause before its symptoms, and a FAIL before a warn of the same evidence.
 ORDER = {
-    1: ("DDP101", "DDP102", "DDP103", "DDP108", "DDP104", "DDP105", "DDP106", "DDP107"),
+    1: ("DDP101", "DDP102", "DDP108", "DDP103", "DDP104", "DDP105", "DDP106", "DDP107"),
     2: ("DDP201", "DDP202", "DDP203", "DDP204", "DDP205", "DDP206"),
     3: ("DDP307", "DDP309", "DDP301", "DDP302", "DDP303", "DDP304", "DDP305", "DDP306", "DDP308"),
     4: ("DDP401", "DDP403", "DDP404", "DDP409", "DDP405", "DDP408", "DDP406", "DDP407"),

@@ -336,17 +336,32 @@ class Source:
             {path: tree for path in sorted(self.job.sources) if (tree := self.tree(path))}
         )
 
+    def calls_named(self, name):
+        """The calls in the script's files of a function or method of that name (spawn of mp.spawn(...)):
+        (file:line, its source's first line), in order."""
+        found = set()
+        for path in sorted(self.job.sources):
+            for node in ast.walk(self.tree(path) or ast.Module([], [])):
+                if isinstance(node, ast.Call):
+                    func = node.func
+                    if (func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)) == name:
+                        found.add((f"{path}:{node.lineno}", self.line(f"{path}:{node.lineno}").strip()))
+        return sorted(found, key=lambda item: by_line(item[0]))
+
     def keyword_calls(self, keyword, value):
-        """file:line of each call in the script's files given keyword=value (a constant), in order."""
-        found = []
+        """Each call in the script's files given keyword=value (a constant): (file:line, the name of what it
+        calls: MNIST of datasets.MNIST(...)), in order."""
+        found = set()
         for path in sorted(self.job.sources):
             for node in ast.walk(self.tree(path) or ast.Module([], [])):
                 if isinstance(node, ast.Call) and any(
                     k.arg == keyword and isinstance(k.value, ast.Constant) and k.value.value is value
                     for k in node.keywords
                 ):
-                    found.append(f"{path}:{node.lineno}")
-        return sorted(set(found), key=by_line)
+                    func = node.func
+                    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+                    found.add((f"{path}:{node.lineno}", name))
+        return sorted(found, key=lambda item: by_line(item[0]))
 
     def calls(self, name):
         """The calls of `name` (torch.save, torch.load) in the script's files, reached or not: (file:line,

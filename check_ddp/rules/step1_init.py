@@ -62,26 +62,6 @@ def launch_variable_set(f):
 
 
 @rule(
-    "DDP103",
-    "FAIL",
-    explains=("crash",),
-    help="call dist.init_process_group(backend) first, in every process",
-)
-def group_needed_before_made(f):
-    """A collective or DDP was used before any process group was made.
-
-    Every call that exchanges data between processes (DDP's constructor, all_reduce, barrier)
-    needs the job's process group, and dist.init_process_group() makes it. Without it, the
-    first such call fails with "Default process group has not been initialized". Call
-    init_process_group() at the start, in every process.
-    """
-    if not f.job.records("init") and f.crashed_with("process group has not been initialized"):
-        at = f.crash[1]["at"]
-        return Found(f"no rank called dist.init_process_group(), and {f.code(at)} needs the group")
-    return None
-
-
-@rule(
     "DDP108",
     "warn",
     sets_aside=("layout", "always"),  # its course on nodes of one GPU hides the rest, stopped or not
@@ -110,6 +90,26 @@ def distributes_by_the_nodes_gpus(f):
         "the check shows them, it made no process group: each process trained alone (on a machine of "
         "several GPUs it would distribute)"
     )
+
+
+@rule(
+    "DDP103",
+    "FAIL",
+    explains=("crash",),
+    help="call dist.init_process_group(backend) first, in every process",
+)
+def group_needed_before_made(f):
+    """A collective or DDP was used before any process group was made.
+
+    Every call that exchanges data between processes (DDP's constructor, all_reduce, barrier)
+    needs the job's process group, and dist.init_process_group() makes it. Without it, the
+    first such call fails with "Default process group has not been initialized". Call
+    init_process_group() at the start, in every process.
+    """
+    if not f.job.records("init") and f.crashed_with("process group has not been initialized"):
+        at = f.crash[1]["at"]
+        return Found(f"no rank called dist.init_process_group(), and {f.code(at)} needs the group")
+    return None
 
 
 @rule(

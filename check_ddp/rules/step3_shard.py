@@ -278,7 +278,8 @@ def every_rank_downloads(f):
     """
     if f.world < 2 or not f.job.records("step"):
         return None
-    calls = f.source.keyword_calls("download", True)
+    ran = {e["dataset"] for loader in f.loaders.values() for e in loader["made"].values()}
+    calls = [at for at, made in f.source.keyword_calls("download", True) if made in ran]  # of data trained on
     guarded = [at for at in calls if f.source.rank_condition(at)]
     unguarded = [at for at in calls if not f.source.rank_condition(at)]
     if unguarded and not guarded:  # one on rank 0 first (then a barrier) makes the others a read
