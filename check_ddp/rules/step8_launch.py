@@ -206,7 +206,7 @@ def never_asks_who_it_is(f):
     if launches:  # a launch of its own the run did not reach (it stopped first, or took another path)
         first = min(launches, key=by_line)
         return Found(
-            f"not checked: the script starts its own processes at {f.code(first)}, which the run did not reach",
+            f"not checked: the script starts its own processes at {f.code(first)} (the run never got there)",
             verdict="--",
         )
     return Found(
