@@ -228,7 +228,7 @@ def test_a_sharded_checkpoint_saved_at_2_resumes_at_4_to_the_uninterrupted_runs_
 
 # the command docs/fsdp.md gives to turn a sharded checkpoint into one file, as a learner copies it
 CONVERT = re.compile(
-    r"^python -m torch\.distributed\.checkpoint\.format_utils dcp_to_torch (\S+) (\S+)", re.M
+    r"^\s*python -m torch\.distributed\.checkpoint\.format_utils dcp_to_torch (\S+) (\S+)", re.M
 )
 
 
