@@ -474,9 +474,9 @@ def load_checkpoint(path, args, model, optimizer, device):
         # own shard (WHOLE); its optimizer state renamed (by_name). Of a sharded checkpoint: every
         # rank reads its own shards, whatever world size saved them (DCP reshards them).
         model_sd, optim_sd = dsd.get_state_dict(model, optimizer)
-        if path.endswith(".pt"):
+        if path.endswith(".pt"):  # rank 0 alone holds the file's tensors: the others pass {}
             model_sd = checkpoint.get("model_state_dict", {})
-            optim_sd = by_name(checkpoint.get("optimizer_state_dict", {}), optim_sd)
+            optim_sd = by_name(checkpoint["optimizer_state_dict"], optim_sd) if dist.get_rank() == 0 else {}
         else:
             dcp.load({"model_state_dict": model_sd, "optimizer_state_dict": optim_sd}, checkpoint_id=path)
         options = WHOLE if path.endswith(".pt") else None
@@ -555,9 +555,7 @@ def by_name(state, named):
     optimizer's state dict from dsd.get_state_dict, whose groups name the parameters in that same
     order. Never model.named_parameters()'s order: with two groups (weight decay on some) the two
     differ, and momentum buffers of equal shapes would land on the wrong weights, silently. Names, of
-    this twin's own files, stay as they are. Rank 0 alone reads a whole file: the others pass {}."""
-    if not state:
-        return state
+    this twin's own files, stay as they are."""
     names = [name for group in named["param_groups"] for name in group["params"]]
     key = {**dict(enumerate(names)), **{name: name for name in names}}
     groups = [{**group, "params": [key[p] for p in group["params"]]} for group in state["param_groups"]]
