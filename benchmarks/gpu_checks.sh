@@ -4,7 +4,7 @@
 #     bash benchmarks/gpu_checks.sh        # writes to $OUT if set, else to out/gpu_checks
 #
 # Made for a lent machine's short window: every stage has a time limit, and the whole run
-# ends within about 10 minutes on one GPU, most of it measuring. In order:
+# ends within about 12 minutes on one GPU, most of it measuring. In order:
 #   1. what it runs on, to environment.txt: Python, torch, CUDA, NCCL, the GPUs, nvidia-smi;
 #   2. stop if torch cannot be imported; if it is not the torch requirements.txt pins, say so
 #      and go on: the code must work on the torch the machine has, and the figures name it;
@@ -16,14 +16,17 @@
 #      there are 2, else 1) at each bucket size, to buckets.txt, and to buckets/: each run's
 #      traces (open them in ui.perfetto.dev), their timeline.png, and buckets.json;
 #   7. the benchmark, its rounds while they fit its budget, to benchmark.txt, and
-#      benchmark.json, written after every run, so that a hang still returns what was measured.
+#      benchmark.json, written after every run, so that a hang still returns what was measured;
+#   8. FSDP2's memory: benchmarks/memory.py on the GPUs (2 and 4 where there are as many, else 1),
+#      each rank's peak of a training step by torch's memory tracker and by the allocator
+#      (torch.cuda.max_memory_allocated), DDP's beside it, to memory.txt and memory.json.
 # The interpreter: $PYTHON if set, else .venv/bin/python if there is one, else python3 (a
 # GPU machine's own, with torch, pytest and matplotlib, where nothing can be installed).
 # tests/test_gpu_checks.py runs this on a CPU as such a machine would, up to step 4.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-out/gpu_checks}
-collect_limit=60 tests_limit=150 buckets_limit=150 benchmark_budget=240 benchmark_limit=270 # seconds
+collect_limit=60 tests_limit=150 buckets_limit=150 benchmark_budget=240 benchmark_limit=270 memory_limit=90 # s
 if [ -n "${PYTHON:-}" ]; then
     python=$PYTHON
 elif [ -x .venv/bin/python ]; then
@@ -86,5 +89,13 @@ benchmark=${PIPESTATUS[0]}
 [ "$benchmark" -eq 124 ] && say "the benchmark ran past its $benchmark_limit s and was stopped;" \
     "benchmark.json holds what it had measured"
 
-say "tests exited $tests, traces $buckets, benchmark $benchmark; outputs in $out"
-[ "$tests" -eq 0 ] && [ "$buckets" -eq 0 ] && [ "$benchmark" -eq 0 ]
+# 8. FSDP2's memory ------------------------------------------------------------------------------------
+if [ "$gpus" -ge 4 ]; then counts=2,4; elif [ "$gpus" -ge 2 ]; then counts=2; else counts=1; fi
+timeout -k 15 "$memory_limit" "$python" benchmarks/memory.py --device cuda --nprocs "$counts" --repeats 1 \
+    --keep "$out/memory.json" 2>&1 | tee "$out/memory.txt"
+memory=${PIPESTATUS[0]}
+[ "$memory" -eq 124 ] && say "the memory benchmark ran past its $memory_limit s and was stopped"
+# end of 8 -------------------------------------------------------------------------------------------
+
+say "tests exited $tests, traces $buckets, benchmark $benchmark, memory $memory; outputs in $out"
+[ "$tests" -eq 0 ] && [ "$buckets" -eq 0 ] && [ "$benchmark" -eq 0 ] && [ "$memory" -eq 0 ]
