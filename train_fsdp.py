@@ -96,8 +96,8 @@ def train(args):
     # FSDP step 4: shard the model. It is built on the meta device: its shapes, and no memory, no
     # values. Then block by block (here each Linear; a ReLU holds no weights): its weights are made on
     # the CPU and drawn as the baseline draws them (the same seeded numbers, in the same order, on
-    # every rank), and fully_shard moves the block to this rank's device, keeps 1/N of every weight,
-    # its rows (a DTensor), and frees the rest. So no rank ever holds the whole model: one block whole
+    # every rank), moved to this rank's device, and fully_shard keeps 1/N of every weight, its rows
+    # (a DTensor), and frees the rest. So no rank ever holds the whole model: one block whole
     # at a time, and its shards of the blocks before. Why these draws, not DTensor's own seeded
     # initialisation of the shards alone: they are the baseline's numbers, so that N processes end
     # with its weights (the proofs); a model whose weights must never be drawn whole, even one block
@@ -113,7 +113,7 @@ def train(args):
     for block in model:
         if isinstance(block, torch.nn.Linear):
             block.to_empty(device="cpu").reset_parameters()
-            fully_shard(block, mesh=mesh)
+            fully_shard(block.to(device), mesh=mesh)
     fully_shard(model, mesh=mesh)
     # FSDP step 4: the optimizer comes after sharding: fully_shard put sharded parameters (DTensors)
     # in place of the model's own, and the optimizer must hold those, to update each rank's shard

@@ -16,6 +16,7 @@ far more than rounding.
 """
 
 import argparse
+import gc
 import runpy
 import sys
 from pathlib import Path
@@ -93,4 +94,6 @@ model, optimizer = load(folder / "numbered.pt", "numbered")
 script["save_checkpoint"](args, model, optimizer, 1)  # epoch 1 of 1: the folder model_epoch_1, and the file
 load(folder / "model_epoch_1", "sharded")
 load(folder / "model_epoch_1.pt", "whole")
+del model, optimizer
+gc.collect()  # torch 2.13, gloo: a sharded model alive at exit can abort the process (pytorch#190489)
 dist.destroy_process_group()
