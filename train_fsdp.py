@@ -31,8 +31,9 @@ from pathlib import Path
 import filelock
 import torch
 import torch.distributed as dist  # DDP step 1: the process group and its collectives
-import torch.distributed.checkpoint.state_dict as dsd  # FSDP step 6: whole state dicts, gathered and set
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # FSDP step 4
+import torch.distributed.checkpoint as dcp  # FSDP step 6: sharded checkpoints, every rank its shards
+import torch.distributed.checkpoint.state_dict as dsd  # FSDP step 6: state dicts keyed by name
+from torch.distributed.fsdp import fully_shard  # FSDP step 4
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, TensorDataset  # DDP step 3
 
 # -----------------------------------------------------------------------------
@@ -92,33 +93,36 @@ def train(args):
     check_epoch(args, len(loader))
 
     torch.manual_seed(args.seed)  # every run starts from the same weights
-    model = make_model(args).to(device)
-    # FSDP step 4: shard the model. Each rank keeps 1/N of every weight, its rows (a DTensor),
-    # and frees the rest: every rank built the same seeded weights, so the shards are of one
-    # model. fully_shard on each block (here each Linear; a ReLU holds no weights), then on the
-    # root: a block all-gathers its whole weights just before it runs, forward and backward, and
-    # frees them after; backward reduce-scatters its gradients, each rank getting the mean of its
-    # own rows. The mesh: the job's processes, on this process's device type (fully_shard's own
-    # default takes the GPU wherever there is one, even under --device cpu).
+    # FSDP step 4: shard the model. It is built on the meta device: its shapes, and no memory, no
+    # values. Then block by block (here each Linear; a ReLU holds no weights): its weights are made on
+    # the CPU and drawn as the baseline draws them (the same seeded numbers, in the same order, on
+    # every rank), moved to this rank's device, and fully_shard keeps 1/N of every weight, its rows
+    # (a DTensor), and frees the rest. So no rank ever holds the whole model: one block whole
+    # at a time, and its shards of the blocks before. Why these draws, not DTensor's own seeded
+    # initialisation of the shards alone: they are the baseline's numbers, so that N processes end
+    # with its weights (the proofs); a model whose weights must never be drawn whole, even one block
+    # at a time, starts from a seed checkpoint instead, made once and read as a sharded checkpoint
+    # (docs/fsdp.md). Then fully_shard on the root: what the blocks left (nothing here). In training,
+    # a block all-gathers its whole weights just before it runs, forward and backward, and frees them
+    # after; backward reduce-scatters its gradients, each rank getting the mean of its own rows.
+    with torch.device("meta"):
+        model = make_model(args)
+    # the mesh: the job's processes, on this process's device type (fully_shard's own default takes
+    # the GPU wherever there is one, even under --device cpu)
     mesh = dist.init_device_mesh(device.type, (dist.get_world_size(),))
-    # mixed precision on a GPU: the blocks compute in bfloat16, while the shards, the optimizer and
-    # the gradients' reduction stay float32, and so does the output the loss is taken of (a bfloat16
-    # output against float32 targets fails in backward: "Found dtype Float but expected BFloat16");
-    # on a CPU, float32 throughout
-    bf16 = torch.bfloat16 if device.type == "cuda" else None
-    policy = MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=torch.float32, output_dtype=torch.float32)
     for block in model:
         if isinstance(block, torch.nn.Linear):
-            fully_shard(block, mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy)  # the root: what the blocks left (nothing here)
+            block.to_empty(device="cpu").reset_parameters()
+            fully_shard(block.to(device), mesh=mesh)
+    fully_shard(model, mesh=mesh)
     # FSDP step 4: the optimizer comes after sharding: fully_shard put sharded parameters (DTensors)
     # in place of the model's own, and the optimizer must hold those, to update each rank's shard
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     loss_fn = torch.nn.MSELoss()
-    # FSDP step 6, the load: it comes after sharding, into the sharded model and its optimizer:
-    # each rank keeps its own shards of the whole tensors (load_checkpoint, WHOLE). Rank 0
-    # chooses the checkpoint (ranks of several nodes may see a shared --out_dir differently),
-    # and every rank loads that one, onto its own device.
+    # FSDP step 6, the load: it comes after sharding, into the sharded model and its optimizer, each
+    # rank its own shards (load_checkpoint): of a sharded checkpoint, every rank reads its own; of a
+    # whole file, rank 0 alone reads it and sends each tensor to the others. Rank 0 chooses the
+    # checkpoint (ranks of several nodes may see a shared --out_dir differently).
     choice = [args.resume]
     dist.broadcast_object_list(choice)  # rank 0's list is sent to every rank, in place of its own
     start_epoch = load_checkpoint(choice[0], args, model, optimizer, device)
@@ -192,10 +196,11 @@ def train(args):
             "device": str(device),
         }
         check_finite(record)  # a diverged run stops here, before it logs or saves a NaN
-        # FSDP step 6: checkpoint: gather on every rank, write on rank 0. Rank 0 prints the report
-        # for all; every rank calls save_checkpoint, outside `if rank == 0`: it gathers the whole
-        # state dict from every rank's shards, a collective, and inside that block rank 0 would wait
-        # in it for ranks that never come. Rank 0 alone then writes it, in the other twins' format.
+        # FSDP step 6: checkpoint: every rank writes its own shards. Rank 0 prints the report for
+        # all; every rank calls save_checkpoint, outside `if rank == 0`: each writes its own shards,
+        # together, a collective (inside that block rank 0 would wait in it for ranks that never
+        # come). After the last epoch, the whole model too, gathered on every rank and written by
+        # rank 0 alone, as one file in the other twins' format.
         if dist.get_rank() == 0:
             report(record, metrics, args.epochs, time.perf_counter() - start)
         save_checkpoint(args, model, optimizer, epoch + 1)  # every --save_interval epochs
@@ -332,7 +337,8 @@ def parse_args():
         "--out_dir, which ui.perfetto.dev opens (the training is the same; that epoch's time is not)",
     )
     args = parser.parse_args()
-    if args.resume not in (None, "auto") and not os.path.isfile(args.resume):
+    # FSDP step 6: a whole file, or a sharded checkpoint's folder
+    if args.resume not in (None, "auto") and not os.path.exists(args.resume):
         parser.error(f"--resume {args.resume}: no such file; pass a model_epoch_E.pt from a run's --out_dir")
     if args.num_workers < 0:
         parser.error(f"--num_workers must be 0 or more, not {args.num_workers}")
@@ -401,8 +407,10 @@ def lock(args):
 
 
 def latest_checkpoint(out_dir):
-    saved = [p for p in Path(out_dir).glob("model_epoch_*.pt") if p.stem.split("_")[-1].isdigit()]
-    return str(max(saved, key=lambda p: int(p.stem.split("_")[-1]))) if saved else None
+    # FSDP step 6: a whole file, model_epoch_E.pt, or a sharded checkpoint's folder, model_epoch_E, once
+    # complete (DCP writes its .metadata last); of one epoch, the folder, which every rank reads its own of
+    saved = [p for p in Path(out_dir).glob("model_epoch_*") if p.is_file() or (p / ".metadata").is_file()]
+    return str(max(saved, key=lambda p: (int(p.stem.split("_")[-1]), p.is_dir()))) if saved else None
 
 
 def check_continues(args):
@@ -435,10 +443,20 @@ def load_checkpoint(path, args, model, optimizer, device):
         return 0
     try:
         # weights_only: a checkpoint is data, and loading one must never run code.
-        # map_location: straight onto this process's device, whatever device saved it.
-        checkpoint = torch.load(path, map_location=device, weights_only=True)
-        epoch, width = checkpoint["epoch"], checkpoint["config"]["hidden_size"]
-    except Exception as error:  # torch's own messages do not say which of these it is
+        # FSDP step 6: rank 0 alone reads a whole file, memory-mapped on its CPU: each tensor is read
+        # from the file only as it is sent to the others (below). Of a sharded checkpoint, every rank
+        # reads the epoch and config here, and its own shards below; DCP's format is a pickle, whose
+        # index (.metadata) torch 2.13 unpickles without weights_only's guard (pytorch/pytorch#189308):
+        # resume only from folders your own jobs wrote. Every rank takes rank 0's epoch and config.
+        checkpoint = {"epoch": None, "config": {"hidden_size": None}}
+        if path.endswith(".pt") and dist.get_rank() == 0:
+            checkpoint = torch.load(path, mmap=True, map_location="cpu", weights_only=True)
+        elif not path.endswith(".pt"):
+            dcp.load(checkpoint, checkpoint_id=path)
+        header = [{key: checkpoint[key] for key in ("epoch", "config")}]
+        dist.broadcast_object_list(header)
+        epoch, width = header[0]["epoch"], header[0]["config"]["hidden_size"]
+    except (Exception, dcp.CheckpointException) as error:  # FSDP step 6: DCP's is a BaseException
         raise Refused(
             f"--resume {path}: refused, loading it would run code; ours hold only data"
             if "unsupported global" in str(error).lower()
@@ -451,10 +469,19 @@ def load_checkpoint(path, args, model, optimizer, device):
             f"--resume {path} has trained {epoch} epochs, more than --epochs {args.epochs}: pass more"
         )
     try:
-        # FSDP step 6, the load: each rank keeps its own shards of the whole tensors
-        dsd.set_model_state_dict(model, checkpoint["model_state_dict"], options=WHOLE)
-        optimizer_state = renamed(checkpoint["optimizer_state_dict"], model)
-        dsd.set_optimizer_state_dict(model, optimizer, optimizer_state, options=WHOLE)
+        # FSDP step 6, the load: each rank's own shards, of the weights and of the optimizer's state,
+        # keyed by name. Of a whole file: rank 0's tensors, each sent to every rank, which keeps its
+        # own shard (WHOLE); its optimizer state renamed (by_name). Of a sharded checkpoint: every
+        # rank reads its own shards, whatever world size saved them (DCP reshards them).
+        model_sd, optim_sd = dsd.get_state_dict(model, optimizer)
+        if path.endswith(".pt"):  # rank 0 alone holds the file's tensors: the others pass {}
+            model_sd = checkpoint.get("model_state_dict", {})
+            optim_sd = by_name(checkpoint["optimizer_state_dict"], optim_sd) if dist.get_rank() == 0 else {}
+        else:
+            dcp.load({"model_state_dict": model_sd, "optimizer_state_dict": optim_sd}, checkpoint_id=path)
+        options = WHOLE if path.endswith(".pt") else None
+        dsd.set_model_state_dict(model, model_sd, options=options)
+        dsd.set_optimizer_state_dict(model, optimizer, optim_sd, options=options)
         for group in optimizer.param_groups:  # the momentum buffers must fit their weights
             for param in group["params"]:
                 buffer = optimizer.state.get(param, {}).get("momentum_buffer")
@@ -462,7 +489,7 @@ def load_checkpoint(path, args, model, optimizer, device):
                     raise ValueError(
                         f"a momentum buffer of shape {tuple(buffer.shape)} for {tuple(param.shape)}"
                     )
-    except (KeyError, TypeError, ValueError, RuntimeError) as error:
+    except (KeyError, TypeError, ValueError, RuntimeError, dcp.CheckpointException) as error:  # FSDP step 6
         reason = str(error).strip().splitlines()[-1].strip()  # torch's last line names what does not fit
         raise Refused(f"--resume {path} does not fit this model: {reason}") from None
     return epoch  # epochs done, so the index of the next one
@@ -474,17 +501,24 @@ def save_checkpoint(args, model, optimizer, epoch):
     leaves the previous checkpoints as they were, and no temporary file behind."""
     if epoch % args.save_interval and epoch != args.epochs:
         return
-    # FSDP step 6: every rank sends its shards (a collective); rank 0 receives the whole tensors,
-    # on its CPU (WHOLE's cpu_offload), the other ranks an empty dict, and rank 0 alone writes
-    model_state, optimizer_state = dsd.get_state_dict(model, optimizer, options=WHOLE)
-    if dist.get_rank() != 0:
-        return
+    # FSDP step 6: every rank writes its own shards, keyed by name, into the folder model_epoch_E,
+    # in parallel: torch.distributed.checkpoint (DCP). Rank 0 writes the folder's index, .metadata,
+    # last, once every rank's shards are on disk: a folder without it is a save cut short, which
+    # latest_checkpoint passes over and the next save of that epoch writes over.
     checkpoint = {
         "epoch": epoch,
-        "model_state_dict": model_state,
-        "optimizer_state_dict": renamed(optimizer_state, model),
+        "model_state_dict": model.state_dict(),  # a sharded model's: this rank's shards, DTensors
+        "optimizer_state_dict": dsd.get_optimizer_state_dict(model, optimizer),  # theirs, by name
         "config": vars(args),
     }
+    dcp.save(checkpoint, checkpoint_id=Path(args.out_dir) / f"model_epoch_{epoch}")
+    # FSDP step 6: after the last epoch, also the whole model, in one file: every rank sends its
+    # shards (a collective); rank 0 receives the whole tensors, on its CPU (WHOLE's cpu_offload), the
+    # other ranks empty dicts, and rank 0 alone writes, as the other twins do
+    whole = dsd.get_state_dict(model, optimizer, options=WHOLE) if epoch == args.epochs else None
+    if whole is None or dist.get_rank() != 0:
+        return
+    checkpoint["model_state_dict"], checkpoint["optimizer_state_dict"] = whole
     path = Path(args.out_dir) / f"model_epoch_{epoch}.pt"
     temporary = path.with_name(path.name + ".tmp")
     try:
@@ -513,12 +547,17 @@ def save_checkpoint(args, model, optimizer, epoch):
 WHOLE = dsd.StateDictOptions(full_state_dict=True, cpu_offload=True, broadcast_from_rank0=True)
 
 
-def renamed(state, model):
-    """FSDP step 6: an optimizer's state dict with its parameters renamed. The twins' checkpoints
-    number them, as optimizer.state_dict() does; torch.distributed.checkpoint names them, as the
-    model does ("0.weight"). Numbers become names (to load), and names numbers (to save)."""
-    names = [name for name, _ in model.named_parameters()]
-    key = {**dict(enumerate(names)), **{name: number for number, name in enumerate(names)}}
+def by_name(state, named):
+    """FSDP step 6: a whole file's optimizer state keyed by parameter name, as DCP's state-dict API
+    keys it ("0.weight"). The baseline's and the DDP twin's files number the parameters, as
+    optimizer.state_dict() does: by their place in the optimizer's groups, in order, the place where
+    optimizer.load_state_dict puts each back. So number k becomes the k-th name of named, this
+    optimizer's state dict from dsd.get_state_dict, whose groups name the parameters in that same
+    order. Never model.named_parameters()'s order: with two groups (weight decay on some) the two
+    differ, and momentum buffers of equal shapes would land on the wrong weights, silently. Names, of
+    this twin's own files, stay as they are."""
+    names = [name for group in named["param_groups"] for name in group["params"]]
+    key = {**dict(enumerate(names)), **{name: name for name in names}}
     groups = [{**group, "params": [key[p] for p in group["params"]]} for group in state["param_groups"]]
     return {"state": {key[p]: value for p, value in state["state"].items()}, "param_groups": groups}
 

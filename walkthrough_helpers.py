@@ -247,38 +247,45 @@ def plot_losses(baseline, runs, keys, title):
 
 
 def plot_memory(kept):
-    """What a rank holds in a kept run of benchmarks/memory.py (the JSON file kept): its parameters,
-    gradients and optimizer state, for DDP and FSDP2 at each N, as the benchmark counts them (the rank
-    that holds the most); bars of MiB, then a line per N and where the figures come from. Nothing is
-    measured here: the file is read."""
+    """What a rank holds in a kept run of benchmarks/memory.py (the JSON file kept): for each of its two
+    models, the peak of a training step for DDP and FSDP2 (as train_fsdp.py shards it) at each N, and
+    FSDP2's parameters, gradients and optimizer state (what it holds at its step, the rest all
+    transient), on the rank that measured the most; bars
+    of MiB, then a line per model and N and where the figures come from. Nothing is measured here: the
+    file is read."""
     record = json.loads(Path(kept).read_text())
-    held = {  # bytes, the rank that holds the most: FSDP2's last layer, of one row, is one rank's
-        (case["script"], case["nproc"]): max(sum(rank.values()) for rank in case["ranks"])
-        for case in record["cases"]
-    }
-    counts = sorted(n for script, n in held if script == "FSDP2" and ("DDP", n) in held)
-    fig, ax = plt.subplots(figsize=(6.5, 3.8))
-    for i, script in enumerate(("DDP", "FSDP2")):
-        x = [k + (i - 0.5) * 0.38 for k in range(len(counts))]
-        mib = [held[script, n] / 2**20 for n in counts]
-        ax.bar(x, mib, 0.36, color=("0.6", "tab:purple")[i], label=script)
-        for xi, m in zip(x, mib, strict=True):
-            ax.text(xi, m, f"{m:.2f}", ha="center", va="bottom", fontsize=8)
-    ax.set(
-        xticks=range(len(counts)),
-        xticklabels=[f"N={n}" for n in counts],
-        ylabel="MiB a rank",
-        ylim=(0, 1.3 * max(held.values()) / 2**20),  # room for the legend above the bars
-        title="parameters, gradients and optimizer state a rank",
-    )
-    ax.legend()
+
+    def most(model, case, n, key):
+        (found,) = [c for c in record["cases"] if (c["model"], c["case"], c["nproc"]) == (model, case, n)]
+        return max(rank[key] for rank in found["ranks"]) / 2**20
+
+    counts = sorted({c["nproc"] for c in record["cases"]})
+    fig, axes = plt.subplots(1, len(record["models"]), figsize=(11, 3.8))
+    for ax, model in zip(axes, record["models"], strict=True):
+        bars = [("DDP", "peak", "0.6"), ("FSDP2", "peak", "tab:purple"), ("FSDP2", "held", "thistle")]
+        for i, (case, key, color) in enumerate(bars):
+            x = [k + (i - 1) * 0.27 for k in range(len(counts))]
+            mib = [most(model, case, n, key) for n in counts]
+            label = f"{case}, {'peak of a step' if key == 'peak' else 'parameters, gradients, momentum'}"
+            ax.bar(x, mib, 0.25, color=color, label=label)
+            for xi, m in zip(x, mib, strict=True):
+                ax.text(xi, m, f"{m:.1f}", ha="center", va="bottom", fontsize=7)
+        top = max(most(model, "DDP", n, "peak") for n in counts)
+        ax.set(xticks=range(len(counts)), xticklabels=[f"N={n}" for n in counts], ylim=(0, 1.45 * top))
+        ax.set(ylabel="MiB a rank", title=f"{model}: {record['models'][model]}")
+        ax.title.set_fontsize(8)
+        ax.legend(fontsize=7, loc="upper right")
     fig.suptitle(f"benchmarks/memory.py, kept {record['date']}", fontsize=10)
     fig.tight_layout()
     print(f"the kept run of benchmarks/memory.py, {record['date']}: {record['label']}")
-    for n in counts:
-        ddp, fsdp = held["DDP", n], held["FSDP2", n]
-        shares = f"DDP {ddp / 2**20:.2f} MiB a rank, FSDP2 {fsdp / 2**20:.2f} MiB: {fsdp / ddp:.2f}x DDP's"
-        print(f"N={n}: {shares}")
+    for model in record["models"]:
+        for n in counts:
+            ddp, fsdp = most(model, "DDP", n, "peak"), most(model, "FSDP2", n, "peak")
+            held = most(model, "FSDP2", n, "held")
+            print(
+                f"{model}, N={n}: peak DDP {ddp:.2f} MiB a rank, FSDP2 {fsdp:.2f} MiB: {fsdp / ddp:.2f}x "
+                f"DDP's; FSDP2's parameters, gradients and momentum {held:.2f} MiB"
+            )
     return fig
 
 

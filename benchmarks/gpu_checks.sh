@@ -4,7 +4,7 @@
 #     bash benchmarks/gpu_checks.sh        # writes to $OUT if set, else to out/gpu_checks
 #
 # Made for a lent machine's short window: every stage has a time limit, and the whole run
-# ends within about 10 minutes on one GPU, most of it measuring. In order:
+# ends within about 12 minutes on one GPU, most of it measuring. In order:
 #   1. what it runs on, to environment.txt: Python, torch, CUDA, NCCL, the GPUs, nvidia-smi;
 #   2. stop if torch cannot be imported; if it is not the torch requirements.txt pins, say so
 #      and go on: the code must work on the torch the machine has, and the figures name it;
@@ -20,6 +20,9 @@
 #   8. a hang on nccl, under PyTorch's tools (TORCH_DISTRIBUTED_DEBUG=DETAIL, monitored_barrier,
 #      the Flight Recorder and its analyser): benchmarks/hang_tools.py --backend nccl, to
 #      hangs_nccl.txt and hangs_nccl.json, where there are 2 GPUs (nccl puts a rank on each).
+#   9. FSDP2's memory: benchmarks/memory.py on the GPUs (2 and 4 where there are as many, else 1),
+#      each rank's peak of a training step by torch's memory tracker and by the allocator
+#      (torch.cuda.max_memory_allocated), DDP's beside it, to memory.txt and memory.json.
 # The interpreter: $PYTHON if set, else .venv/bin/python if there is one, else python3 (a
 # GPU machine's own, with torch, pytest and matplotlib, where nothing can be installed).
 # tests/test_gpu_checks.py runs this on a CPU as such a machine would, up to step 4.
@@ -27,7 +30,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-out/gpu_checks}
 collect_limit=60 tests_limit=150 buckets_limit=150 benchmark_budget=240 benchmark_limit=270 # seconds
-hangs_limit=120 # seconds, stage 8
+hangs_limit=120 memory_limit=90 # seconds, stages 8 and 9
 if [ -n "${PYTHON:-}" ]; then
     python=$PYTHON
 elif [ -x .venv/bin/python ]; then
@@ -105,5 +108,13 @@ else
 fi
 # end of stage 8 --------------------------------------------------------------------------------------
 
-say "tests exited $tests, traces $buckets, benchmark $benchmark, hang on nccl $hangs; outputs in $out"
-[ "$tests" -eq 0 ] && [ "$buckets" -eq 0 ] && [ "$benchmark" -eq 0 ] && [ "$hangs" -eq 0 ]
+# 9. FSDP2's memory ------------------------------------------------------------------------------------
+if [ "$gpus" -ge 4 ]; then counts=2,4; elif [ "$gpus" -ge 2 ]; then counts=2; else counts=1; fi
+timeout -k 15 "$memory_limit" "$python" benchmarks/memory.py --device cuda --nprocs "$counts" --repeats 1 \
+    --keep "$out/memory.json" 2>&1 | tee "$out/memory.txt"
+memory=${PIPESTATUS[0]}
+[ "$memory" -eq 124 ] && say "the memory benchmark ran past its $memory_limit s and was stopped"
+# end of 9 -------------------------------------------------------------------------------------------
+
+say "tests exited $tests, traces $buckets, benchmark $benchmark, hang on nccl $hangs, memory $memory; outputs in $out"
+[ "$tests" -eq 0 ] && [ "$buckets" -eq 0 ] && [ "$benchmark" -eq 0 ] && [ "$hangs" -eq 0 ] && [ "$memory" -eq 0 ]

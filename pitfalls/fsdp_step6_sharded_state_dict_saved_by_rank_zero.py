@@ -9,19 +9,27 @@ torch.load(path, weights_only=True) refuses it ("``torch.distributed.tensor`` mu
 to load DTensors"); where that is imported, it loads, and load_state_dict into the plain model
 fails on every key ("got mixed torch.Tensor and DTensor"); full_tensor() cannot fetch the rest
 without the job's process group. The other ranks' shards are not in the file at all.
-The fix: the full state dict, get_model_state_dict(model, options=StateDictOptions(
+Two fixes. Gathered: the full state dict, get_model_state_dict(model, options=StateDictOptions(
 full_state_dict=True, cpu_offload=True)), gathered by every rank and written by rank 0: plain
-tensors, all of them, that load into the plain model.
+tensors, all of them, that load into the plain model; rank 0 must hold the whole model to write it.
+Sharded, the way that scales: every rank writes its own shards with torch.distributed.checkpoint
+(DCP), dcp.save({"model": model.state_dict()}, checkpoint_id=folder), a file a rank and the folder's
+index; dcp.load gives every rank its own shards back, at any world size, and
+torch.distributed.checkpoint.format_utils.dcp_to_torch_save makes one file of it, which the plain
+model loads (docs/fsdp.md, FSDP step 6).
 """
 
 import gc
 import logging
 import sys
 import tempfile
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from _launch import error_line, report, results, run, tell, torchrun
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
@@ -34,20 +42,32 @@ def build_model():
     return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
 
 
-def worker(out_dir):  # each process of the job, started by torchrun
-    dist.init_process_group("gloo")
-    torch.manual_seed(0)  # the same initial weights in every process
+def sharded_model(seed):
+    torch.manual_seed(seed)  # the same initial weights in every process
     model = build_model()
     for layer in model:  # FSDP step 4: each Linear, then the root
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer)
     fully_shard(model)
+    return model
+
+
+def worker(out_dir):  # each process of the job, started by torchrun
+    dist.init_process_group("gloo")
+    model = sharded_model(seed=0)
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if dist.get_rank() == 0:
         torch.save(model.state_dict(), f"{out_dir}/mistake.pt")  # DTensors: rank 0's shards only
         torch.save(full, f"{out_dir}/fix.pt")  # gathered on every rank (a collective), written by rank 0
-        tell(saved=True)
-    del model
+    # the other fix: every rank writes its own shards (a collective too), and reads them back into a
+    # model of other weights, each rank its own shards, in place
+    dcp.save({"model": model.state_dict()}, checkpoint_id=f"{out_dir}/sharded")
+    other = sharded_model(seed=1)
+    state = {"model": other.state_dict()}
+    dcp.load(state, checkpoint_id=f"{out_dir}/sharded")
+    pairs = zip(model.state_dict().values(), other.state_dict().values(), strict=True)
+    tell(rank=dist.get_rank(), restored=all(torch.equal(a.full_tensor(), b.full_tensor()) for a, b in pairs))
+    del model, other, state
     gc.collect()  # torch 2.13, gloo: a sharded model alive at exit can abort the process (pytorch#190489)
     dist.destroy_process_group()
 
@@ -72,10 +92,13 @@ def local(value):
 
 def main():
     with tempfile.TemporaryDirectory() as out_dir:
-        results(torchrun(__file__, out_dir))
+        told = results(torchrun(__file__, out_dir))
         plain = run([sys.executable, "-c", PLAIN_LOAD, f"{out_dir}/mistake.pt"])
         mistake, mistake_error = load_into_bare_model(f"{out_dir}/mistake.pt")
         fix, fix_error = load_into_bare_model(f"{out_dir}/fix.pt")
+        files = sorted(path.name for path in Path(out_dir, "sharded").iterdir())
+        dcp_to_torch_save(f"{out_dir}/sharded", f"{out_dir}/converted.pt")  # one process, no job
+        converted = torch.load(f"{out_dir}/converted.pt", weights_only=True)["model"]
     refused = error_line(plain.stderr).replace("_pickle.", "")
     mixed = error_line(mistake_error, r"got mixed torch.Tensor and DTensor")
     mixed = mixed[mixed.find("aten.") :].split(", need to")[0]
@@ -96,10 +119,12 @@ def main():
         f"where DTensor is imported, load_state_dict fails on {mistake_error.count('While copying')}"
         f" of {len(mistake)} keys: {mixed}\n"
         f"and .full_tensor(), out of the job: {gather_error}",
-        fix="on every rank: state = get_model_state_dict(model, options=...full_state_dict=True...);"
-        " rank 0 saves it",
+        fix="gathered: on every rank, state = get_model_state_dict(model, options=...full_state_dict=True...)"
+        "; rank 0 saves it\n"
+        'sharded, at scale: on every rank, dcp.save({"model": model.state_dict()}, checkpoint_id=folder)',
         result=f"{type(fix['0.weight']).__name__}s, all {numbers} numbers; it loads into the plain model"
-        + (f", error {fix_error}" if fix_error else ""),
+        + (f", error {fix_error}" if fix_error else "")
+        + f"\n{', '.join(files)}: dcp.load gives each rank its shards back; dcp_to_torch_save, one file",
         checks={
             "the mistake's file holds rank 0's shards only": held < numbers
             and torch.equal(local(weight), fix["0.weight"][: local(weight).shape[0]]),
@@ -111,6 +136,10 @@ def main():
             "the fix loads, every number of it": fix_error == ""
             and all(type(v) is torch.Tensor for v in fix.values())
             and numbers == sum(p.numel() for p in build_model().parameters()),
+            "every rank wrote its own shards": files == [".metadata", "__0_0.distcp", "__1_0.distcp"],
+            "every rank read its own back": sorted(t["rank"] for t in told if t.get("restored")) == [0, 1],
+            "the sharded checkpoint converts into the fix's file": converted.keys() == fix.keys()
+            and all(torch.equal(converted[k], fix[k]) for k in fix),
         },
         runs=(plain,),
     )

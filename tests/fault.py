@@ -5,7 +5,10 @@
 FAULT is one of, acting in torchrun's first attempt only (a restart runs clean):
     kill@RANK:STEP  the process of global RANK kills itself with SIGKILL at its STEP-th optimizer step
     raise@RANK:STEP it raises an exception there instead
-    cut@EPOCH       rank 0 dies with SIGKILL half-way through writing model_epoch_EPOCH.pt
+    cut@EPOCH       rank 0 dies with SIGKILL half-way through writing model_epoch_EPOCH.pt; of a
+                    sharded checkpoint (train_fsdp.py's folder model_epoch_EPOCH), the last rank
+                    dies so, its shards' file cut to half before it is on disk: the folder is never
+                    completed (no other rank can)
     full@EPOCH      the disk fills up half-way through writing model_epoch_EPOCH.pt (ENOSPC)
     stale@RANK      the process of global RANK lists --out_dir without its newest checkpoint, as a
                     node with a stale view of a shared filesystem may
@@ -92,6 +95,19 @@ elif kind in ("cut", "full"):
             os.kill(os.getpid(), signal.SIGKILL)
 
     torch.save = save_with_fault
+    fsync = os.fsync
+    last = rank == int(os.environ.get("WORLD_SIZE", "1")) - 1
+
+    def fsync_with_fault(fd):
+        name = os.readlink(f"/proc/self/fd/{fd}")  # DCP syncs each rank's file once it is written
+        if armed and kind == "cut" and last and f"/model_epoch_{where}/__{rank}_" in name:
+            size = os.path.getsize(name)
+            os.truncate(name, size // 2)
+            fired(f"{name} cut to {size // 2} of its {size} bytes; rank {rank} killed with SIGKILL")
+            os.kill(os.getpid(), signal.SIGKILL)
+        return fsync(fd)
+
+    os.fsync = fsync_with_fault
 elif kind == "stale":
     glob = pathlib.Path.glob
 

@@ -227,7 +227,7 @@ def test_only_rank_0_writes_files_or_prints(tmp_path):
     assert {r["backend"] for r in read_metrics(work / "out/audited")} == {"nccl"}
 
 
-# 5. FSDP2 on GPUs: nccl, bfloat16 compute with float32 reduction (FSDP step 4) ----------------
+# 5. FSDP2 on GPUs: nccl, float32 as the baseline computes (mixed precision is a choice of its own) ------
 
 
 def fsdp_on_gpus(reference, nproc):
@@ -237,36 +237,41 @@ def fsdp_on_gpus(reference, nproc):
     )
 
 
-@pytest.mark.parametrize("nproc", [1, 2])
-def test_fsdp_on_gpus_trains_as_the_baseline_does_in_bfloat16(reference, nproc):
-    """On a GPU, train_fsdp.py computes in bfloat16 (FSDP step 4's MixedPrecisionPolicy), so it cannot
-    equal the float32 baseline to the DDP proof's tolerance, as it does on a CPU: it must train as the
-    baseline does, its loss falling as the baseline's, each epoch within 5 % of it (bfloat16 keeps 8 bits
-    of mantissa: a relative error of about 0.4 % a number), and its shards gathered into the checkpoint in
-    float32, as the baseline's weights are."""
+@pytest.mark.parametrize("nproc", [1, 2, 4])
+def test_fsdp_on_n_gpus_equals_the_baseline_at_n_times_the_batch(reference, nproc):
+    """train_fsdp.py computes in float32, as the baseline does (docs/fsdp.md shows bfloat16 as a choice
+    of its own): on N GPUs at batch 64/N it ends with the baseline's weights and losses at 64, to the
+    GPU tolerance DDP's proof has, its model built on the meta device and drawn block by block on the
+    CPU, as the baseline draws it."""
     needs(nproc)
     base, fsdp = gpu_baseline(reference), fsdp_on_gpus(reference, nproc)
     records = read_metrics(fsdp)
     assert {(r["backend"], r["device"], r["world_size"]) for r in records} == {("nccl", "cuda:0", nproc)}
-    pairs = [(x["loss"], y["loss"]) for x, y in zip(read_metrics(base), records, strict=True)]
-    print(f"losses (baseline, FSDP2 at N = {nproc}): {pairs}")
-    assert all(abs(x - y) <= 0.05 * x for x, y in pairs), pairs
-    assert pairs[-1][1] < pairs[0][1], "the loss did not fall"
+    assert_same_training(base, fsdp)
     weights = load_checkpoint(fsdp / "model_epoch_4.pt")
     assert {t.dtype for t in weights["model_state_dict"].values()} == {torch.float32}
-    diff = max_weight_diff(load_checkpoint(base / "model_epoch_4.pt"), weights)
-    print(f"largest weight difference from the baseline: {diff:.2e}")
 
 
-def test_an_fsdp_checkpoint_saved_on_a_gpu_resumes_in_ddp_on_the_cpu(work, reference):
-    """The FSDP2 twin gathers its shards into train_ddp.py's checkpoint format (FSDP step 6): saved on a
-    GPU, it resumes in the DDP twin on the CPU, at its next epoch."""
+def test_fsdps_checkpoints_saved_on_a_gpu_resume_on_the_cpu(work, reference):
+    """FSDP step 6 across devices: the sharded checkpoint model_epoch_2, saved on a GPU, resumes in
+    train_fsdp.py on the CPU, at another world size (2 processes, gloo), and ends where the GPU run
+    ended; the last epoch's whole file, gathered onto the CPU (cpu_offload), resumes in the DDP twin
+    on the CPU, at its next epoch."""
     saved = fsdp_on_gpus(reference, 1)
-    assert saved_on(saved / "model_epoch_2.pt") == {"cpu"}  # gathered with cpu_offload: on the CPU
-    on_cpu = "torchrun --standalone --nproc_per_node=2 train_ddp.py --device cpu --batch_size 32"
+    on_cpu = "torchrun --standalone --nproc_per_node=2 {} --device cpu --batch_size 32"
     run(
-        f"{on_cpu} {FLAGS} --resume {saved.name}/model_epoch_2.pt --out_dir fsdp_to_cpu",
+        f"{on_cpu.format('train_fsdp.py')} {FLAGS} --resume {saved.name}/model_epoch_2 --out_dir fsdp_to_cpu",
         cwd=work,
         env=gpu_env(),
     )
     assert [r["epoch"] for r in read_metrics(work / "fsdp_to_cpu")] == [3, 4]
+    final = load_checkpoint(saved / "model_epoch_4.pt")
+    assert max_weight_diff(final, load_checkpoint(work / "fsdp_to_cpu/model_epoch_4.pt")) <= TOLERANCE
+    assert saved_on(saved / "model_epoch_4.pt") == {"cpu"}  # gathered with cpu_offload: on the CPU
+    more = FLAGS.replace("--epochs 4", "--epochs 5")
+    run(
+        f"{on_cpu.format('train_ddp.py')} {more} --resume {saved.name}/model_epoch_4.pt --out_dir whole_cpu",
+        cwd=work,
+        env=gpu_env(),
+    )
+    assert [r["epoch"] for r in read_metrics(work / "whole_cpu")] == [5]

@@ -237,24 +237,54 @@ def test_the_notebook_runs_top_to_bottom_writes_only_its_out_folder_and_shows_wh
     )
     assert [name for name, _ in fsdp_gaps] == ["training", "held-out"], said
     assert all(float(gap) <= 1e-5 for _, gap in fsdp_gaps), fsdp_gaps  # the FSDP proof's tolerance: one curve
+    # what it wrote: at each save a folder of shards, a file of each rank's and the index; after the last
+    # epoch, that folder and the whole file too (FSDP step 6)
+    saved = dict(re.findall(r"^(model_epoch_\d+(?:\.pt)?) (.+)$", said, re.M))
+    shards = str([".metadata", "__0_0.distcp", "__1_0.distcp"])
+    assert saved == {"model_epoch_2": shards, "model_epoch_4": shards, "model_epoch_5": shards} | {
+        "model_epoch_5.pt": "(one file, whole)"
+    }, said
     # what a rank holds: the memory benchmark's kept run, its every figure as the file has it; and as
-    # the prose says, DDP's the same at every N, FSDP2's about 1/N of it
+    # the prose says, the parameters, gradients and momentum 1/N of DDP's, and the peak falling with N on
+    # the model of equal blocks, far less on ours
     kept = json.loads((ROOT / MEMORY_KEPT).read_text())
-    held = {(c["script"], c["nproc"]): max(sum(r.values()) for r in c["ranks"]) for c in kept["cases"]}
-    nprocs = sorted(n for script, n in held if script == "FSDP2")
+
+    def most(model, case, n, key):
+        (found,) = [c for c in kept["cases"] if (c["model"], c["case"], c["nproc"]) == (model, case, n)]
+        return max(rank[key] for rank in found["ranks"])
+
+    counts = sorted({c["nproc"] for c in kept["cases"]})
     assert f"the kept run of benchmarks/memory.py, {kept['date']}: {kept['label']}\n" in said, said
-    figures = re.findall(r"^N=(\d): DDP (\S+) MiB a rank, FSDP2 (\S+) MiB: (\S+)x DDP's$", said, re.M)
-    assert figures == [
-        (
-            str(n),
-            f"{held['DDP', n] / 2**20:.2f}",
-            f"{held['FSDP2', n] / 2**20:.2f}",
-            f"{held['FSDP2', n] / held['DDP', n]:.2f}",
-        )
-        for n in nprocs
-    ], figures
-    assert nprocs == [1, 2, 4] and len({held["DDP", n] for n in nprocs}) == 1, held
-    assert all(held["FSDP2", n] <= 1.05 * held["DDP", n] / n for n in nprocs), held
+    figures = re.findall(
+        r"^(\w+), N=(\d): peak DDP (\S+) MiB a rank, FSDP2 (\S+) MiB: (\S+)x DDP's; "
+        r"FSDP2's parameters, gradients and momentum (\S+) MiB$",
+        said,
+        re.M,
+    )
+    expected = []
+    for model in kept["models"]:
+        for n in counts:
+            ddp_peak, fsdp_peak = most(model, "DDP", n, "peak"), most(model, "FSDP2", n, "peak")
+            held = most(model, "FSDP2", n, "held")
+            expected.append(
+                (
+                    model,
+                    str(n),
+                    f"{ddp_peak / 2**20:.2f}",
+                    f"{fsdp_peak / 2**20:.2f}",
+                    f"{fsdp_peak / ddp_peak:.2f}",
+                    f"{held / 2**20:.2f}",
+                )
+            )
+            assert held <= 1.05 * most(model, "DDP", n, "held") / n, (model, n)
+    assert figures == expected, figures
+    assert counts == [2, 4] and list(kept["models"]) == ["ours", "blocks"], kept["models"]
+    ratio = {
+        (m, n): most(m, "FSDP2", n, "peak") / most(m, "DDP", n, "peak")
+        for m in kept["models"]
+        for n in counts
+    }
+    assert ratio["blocks", 4] < ratio["blocks", 2] and ratio["blocks", 4] < ratio["ours", 4] - 0.2, ratio
     # its trace beside DDP step 8's run: DDP all-reduces; FSDP2 never does, and each step each of the 3
     # layers all-gathers its weights in forward and again in backward, and reduce-scatters its gradients
     (traced,) = [outputs(cell) for cell in fsdp if "print_communication(" in cell.source]
