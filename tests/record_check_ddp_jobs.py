@@ -45,8 +45,8 @@ KEPT = ("job.json", "output.log", "rank*.jsonl")  # what the judge reads
 def record(case):
     with tempfile.TemporaryDirectory() as work:
         shutil.copy(case, Path(work) / case.name)
-        proc, report = check(case.name, cwd=work, expect=None)
-    kept = keep(job_folder(report), JOBS / case.stem)
+        proc, said = check(case.name, cwd=work, expect=None)
+    kept = keep(job_folder(said), JOBS / case.stem)
     job = Job.load(kept)
     (kept / "report.txt").write_text(normalised(report(job, judge(job))) + "\n")
     return f"{case.stem}: exit {proc.returncode}"
