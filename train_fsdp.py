@@ -337,9 +337,8 @@ def parse_args():
         "--out_dir, which ui.perfetto.dev opens (the training is the same; that epoch's time is not)",
     )
     args = parser.parse_args()
-    # FSDP step 6: a whole file, or a sharded checkpoint's folder
-    if args.resume not in (None, "auto") and not os.path.exists(args.resume):
-        parser.error(f"--resume {args.resume}: no such file; pass a model_epoch_E.pt from a run's --out_dir")
+    if args.resume not in (None, "auto") and not complete(args.resume):  # FSDP step 6: or a folder
+        parser.error(f"--resume {args.resume}: no whole checkpoint; pass a model_epoch_E(.pt) from --out_dir")
     if args.num_workers < 0:
         parser.error(f"--num_workers must be 0 or more, not {args.num_workers}")
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -406,10 +405,15 @@ def lock(args):
     return lock
 
 
-def latest_checkpoint(out_dir):
+def complete(path):
     # FSDP step 6: a whole file, model_epoch_E.pt, or a sharded checkpoint's folder, model_epoch_E, once
-    # complete (DCP writes its .metadata last); of one epoch, the folder, which every rank reads its own of
-    saved = [p for p in Path(out_dir).glob("model_epoch_*") if p.is_file() or (p / ".metadata").is_file()]
+    # complete: DCP writes its .metadata last, after every rank's shards
+    return Path(path).suffix == ".pt" and Path(path).is_file() or Path(path, ".metadata").is_file()
+
+
+def latest_checkpoint(out_dir):
+    # FSDP step 6: of one epoch, the folder, which every rank reads its own of
+    saved = [p for p in Path(out_dir).glob("model_epoch_*") if complete(p)]  # not a cut save's .pt.tmp
     return str(max(saved, key=lambda p: (int(p.stem.split("_")[-1]), p.is_dir()))) if saved else None
 
 

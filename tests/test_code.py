@@ -9,6 +9,7 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
+import torch.distributed.checkpoint.filesystem
 from helpers import ROOT, SCRIPTS
 from test_twins import numbered_code_lines
 
@@ -145,8 +146,11 @@ def test_every_package_requirements_txt_pins_is_installed_at_its_version():
 # resumed path rank 0 broadcasts, a flag DDP is given); or it runs only because such a line decided
 # it (the body of `if dist.get_rank() == 0:`, of `with model.no_sync():`, of a function only such
 # lines call). A line the diff adds that does none of these (torch.backends.cudnn.benchmark = True
-# put above the wrap) is not the conversion, however its hunk is tagged.
+# put above the wrap) is not the conversion, however its hunk is tagged. What the job names outside the
+# code counts as reading it: torchrun's variables; a sharded checkpoint's index, the file DCP writes
+# last; and the meta device, on which FSDP2's tutorial builds a model that no rank may hold whole.
 LAUNCH_VARIABLES = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
+NAMED_BY_THE_JOB = LAUNCH_VARIABLES | {torch.distributed.checkpoint.filesystem._metadata_fn, "meta"}
 
 
 def from_distributed(module, name=None):
@@ -289,8 +293,9 @@ def non_ddp_statements(old_source, new_source):
         made = {}  # a name the conversion's own statements make: the first line that makes it
         for s in ddp:
             if any(t in touched for t in inside(s)):
-                for name in told[s][2]:
-                    made[name] = min(made.get(name, s.lineno), s.lineno)
+                for name in told[s][2]:  # a def is bound before any line calls it
+                    first = 0 if isinstance(s, ast.FunctionDef) else s.lineno
+                    made[name] = min(made.get(name, first), first)
         read_by_ddp = {name for s in ddp for name in told[s][0]}
         for s in statements:
             reads, strings, defines = told[s]
@@ -298,7 +303,7 @@ def non_ddp_statements(old_source, new_source):
                 reads & distributed
                 or defines & distributed
                 and isinstance(s, (ast.Import, ast.ImportFrom))
-                or strings & LAUNCH_VARIABLES
+                or strings & NAMED_BY_THE_JOB
                 or any(made.get(name, s.lineno) < s.lineno for name in reads)
             )
             if own and type(s) in HEADERS:

@@ -309,6 +309,19 @@ def test_a_worker_killed_mid_save_leaves_the_previous_checkpoint_loadable(shared
     )
 
 
+@pytest.mark.slow
+def test_resume_auto_passes_over_a_whole_save_cut_short(shared_run, work):
+    # a process killed while it wrote the last epoch's whole file leaves model_epoch_E.pt.tmp: not a
+    # checkpoint, and no epoch number; --resume auto takes the sharded folder beside it, and the
+    # stray file goes
+    shutil.copytree(fsdp_2(shared_run).out, work / "stray")
+    (work / "stray/model_epoch_5.pt.tmp").write_bytes(b"half a checkpoint")
+    flags = f"{as_flags(batch_size=32, **PROOF_FLAGS)} --resume auto --out_dir stray"
+    proc = run(f"python train_fsdp.py {flags}", cwd=work)
+    assert "stray/model_epoch_4 has done all 4 epochs" in proc.stdout, proc.stdout
+    assert not (work / "stray/model_epoch_5.pt.tmp").exists()
+
+
 # 4. Bad input: one clear line, a non-zero exit, no files, no hang ---------------------------------
 
 
@@ -331,8 +344,8 @@ def bad_files(work, shared_run):
 
 
 # under torchrun where FSDP2 loads the checkpoint (the processes have met, and sharded the model);
-# under python what is refused before any FSDP2 code runs, alike under torchrun: DDP's flag, by the
-# command line, and another --hidden_size, by the checkpoint's config
+# under python what is refused before any FSDP2 code runs, alike under torchrun: DDP's flag and a
+# sharded checkpoint cut short, by the command line; another --hidden_size, by the checkpoint's config
 BAD_INPUT = [
     ("python", "--resume narrow/model_epoch_1.pt", "was trained with --hidden_size 32: pass that too"),
     ("torchrun", "--resume bad/wrong_shape.pt", "--resume bad/wrong_shape.pt does not fit this model: "),
@@ -342,7 +355,7 @@ BAD_INPUT = [
         'does not fit this model: Missing key(s) in state_dict: "0.bias"',
     ),
     ("python", "--bucket_cap_mb 1", "unrecognized arguments: --bucket_cap_mb 1"),  # DDP's alone
-    ("torchrun", "--resume bad/cut_short", "--resume bad/cut_short: not a whole checkpoint of these scripts"),
+    ("python", "--resume bad/cut_short", "--resume bad/cut_short: no whole checkpoint; pass a model_epoch_E"),
 ]
 
 

@@ -228,12 +228,13 @@ def test_the_twin_diff_adds_at_most_45_lines_of_code():
     assert 30 < len(added) <= 45, "\n".join(added)
 
 
-def test_the_fsdp_twin_diff_adds_at_most_52_lines_of_code():
+def test_the_fsdp_twin_diff_adds_at_most_55_lines_of_code():
     # what FSDP2 changes of the DDP twin (docs/fsdp.md), its workarounds included. Issue 46 aimed at 40;
-    # the model built on the meta device, DCP's sharded save and load, a whole file read by rank 0 alone
-    # and its optimizer state renamed by the optimizer's own order take 52
+    # the model built on the meta device, DCP's sharded save and load, a whole file read by rank 0 alone,
+    # its optimizer state renamed by the optimizer's own order, and what a complete checkpoint is (a
+    # .pt file, or a folder once DCP wrote its .metadata) take 55
     added = added_code_lines("train_ddp.py", "train_fsdp.py")
-    assert 20 < len(added) <= 52, "\n".join(added)
+    assert 20 < len(added) <= 55, "\n".join(added)
 
 
 def test_only_rank_0_writes_files_or_prints(shared_run):
