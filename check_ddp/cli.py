@@ -169,4 +169,15 @@ def set_aside(options, job, judged):
     }
     if options.nnodes is not None or job.nnodes == 1:
         found.discard("layout")
+    if missing_imports(job):  # as its launcher starts it, the script needs what this machine lacks
+        found.discard("launcher")
     return found
+
+
+def missing_imports(job):
+    """The modules the script imports for another launcher (mpi4py) that are not installed here."""
+    return [
+        e["key"][len("import ") :]
+        for _, e in job.records("read")
+        if e["key"].startswith("import ") and not e["found"]
+    ]

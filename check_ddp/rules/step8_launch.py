@@ -165,7 +165,8 @@ def rank_from_another_launcher(f):
     if missing:
         e = missing[0]
         what = (
-            e["key"].replace("import ", "imports ")
+            f"imports {e['key'][len('import ') :]} (not installed here: not checked again as that launcher "
+            "starts it)"
             if e["key"].startswith("import ")
             else f"looks for {e['key']}"
         )
