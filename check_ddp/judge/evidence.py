@@ -37,7 +37,8 @@ def fell_out_of_step(f):
 
 def where_each_was(f):
     """Each rank's last known place, from its last record that says one: where the main thread
-    was (twice a second), or a collective it called since."""
+    was (twice a second), a collective it called since, or the line of the script's own that anything
+    else it recorded since was at (a pass over a loader, an input to the model)."""
     parts = []
     for rank, events in sorted(f.job.ranks.items()):
         call = at = None
@@ -46,6 +47,8 @@ def where_each_was(f):
                 call, at = e["call"], e["stack"][0]
             elif e["e"] == "coll":
                 call, at = f"torch.distributed.{e['name']}", e["at"]
+            elif e.get("at") and e["e"] != "now":
+                call, at = None, e["at"]
         what = CALLS[call].label if call in CALLS else "its own code"
         parts.append(f"rank {rank} was last in {what} at {f.code(at)}" if at else f"rank {rank}: not known")
     return "; ".join(parts)

@@ -31,7 +31,9 @@ class Source:
         return f"{at} `{text if len(text) <= 70 else text[:67] + '...'}`"
 
     def rank_condition(self, at):
-        """The `if` around file:line that tests a rank (if rank == 0:, if master_process:), if any."""
+        """The `if` that tests a rank (if rank == 0:, if master_process:) and decides whether file:line
+        runs, if any: one around it, or a guard before it in a block around it that leaves otherwise
+        (if local_rank != 0: return). The nearest."""
         if not at:
             return None
         path, _, line = at.rpartition(":")
@@ -43,12 +45,23 @@ class Source:
         line = int(line)
         found = None
         for node in ast.walk(tree):
-            if isinstance(node, ast.If) and node.lineno < line <= (node.end_lineno or 0):
-                inside = any(child.lineno <= line <= (child.end_lineno or 0) for child in node.body)
-                test = ast.get_source_segment(source, node.test) or ""
-                if inside and re.search(r"rank|master|main_process|is_main|leader", test, re.I):
-                    if found is None or node.lineno > found[0]:
-                        found = (node.lineno, f"if {test}:")
+            for block in (getattr(node, name, None) for name in ("body", "orelse", "finalbody")):
+                if not isinstance(block, list) or not any(spans(x, line) for x in block):
+                    continue
+                for x in block:
+                    if not isinstance(x, ast.If):
+                        continue
+                    test = ast.get_source_segment(source, x.test) or ""
+                    if not re.search(r"rank|master|main_process|is_main|leader", test, re.I):
+                        continue
+                    if x.lineno < line and any(spans(child, line) for child in x.body):
+                        said = f"if {test}:"
+                    elif spans(x, line) or x.lineno > line or x.orelse or not leaves(x.body):
+                        continue
+                    else:
+                        said = f"if {test}: {ast.get_source_segment(source, x.body[-1])}"
+                    if found is None or x.lineno > found[0]:
+                        found = (x.lineno, said)
         return found and found[1]
 
     def tree(self, path):
@@ -502,3 +515,12 @@ def decide(node, value_of):
             left = right
         return True
     return UNDECIDED
+
+
+def spans(node, line):
+    return node.lineno <= line <= (node.end_lineno or node.lineno)
+
+
+def leaves(body):
+    """Whether a block always leaves what holds it: it ends in return, raise, continue or break."""
+    return isinstance(body[-1], (ast.Return, ast.Raise, ast.Continue, ast.Break))

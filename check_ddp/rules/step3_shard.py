@@ -32,6 +32,35 @@ def uneven_inputs(f):
 
 
 @rule(
+    "DDP309",
+    "FAIL",
+    help="download on global rank 0 alone, then dist.barrier(), then build the dataset on every rank "
+    "(download=False): if dist.get_rank() == 0: MNIST(root, download=True); dist.barrier()",
+)
+def every_rank_downloads(f):
+    """Every rank downloads the data into one folder at once (download=True, on every rank).
+
+    A dataset made with download=True fetches its files when they are missing. Made on every rank at
+    the start of a job, it is fetched N times at once into one folder: the processes write the same
+    archive over each other, and a rank that finds a file half-written reads a broken dataset (or
+    fails on it). Download on global rank 0 alone, barrier, then let every rank read the files. (Read
+    from the script's code: the call whose download=True no test of the rank guards.)
+    """
+    if f.world < 2 or not f.job.records("step"):
+        return None
+    ran = {e["dataset"] for loader in f.loaders.values() for e in loader["made"].values()}
+    calls = [at for at, made in f.source.keyword_calls("download", True) if made in ran]  # of data trained on
+    guarded = [at for at in calls if f.source.rank_condition(at)]
+    unguarded = [at for at in calls if not f.source.rank_condition(at)]
+    if unguarded and not guarded:  # one on rank 0 first (then a barrier) makes the others a read
+        return Found(
+            f"{f.code(unguarded[0])} downloads with download=True on every rank: the {f.world} ranks fetch "
+            "the data into one folder at once"
+        )
+    return None
+
+
+@rule(
     "DDP301",
     "FAIL",
     see="unseeded",
@@ -258,35 +287,6 @@ def different_datasets(f):
         message = datasets_differ(f, loader)
         if message:
             return Found(message + " (fine if each rank loads its own shard on purpose)")
-    return None
-
-
-@rule(
-    "DDP309",
-    "FAIL",
-    help="download on global rank 0 alone, then dist.barrier(), then build the dataset on every rank "
-    "(download=False): if dist.get_rank() == 0: MNIST(root, download=True); dist.barrier()",
-)
-def every_rank_downloads(f):
-    """Every rank downloads the data into one folder at once (download=True, on every rank).
-
-    A dataset made with download=True fetches its files when they are missing. Made on every rank at
-    the start of a job, it is fetched N times at once into one folder: the processes write the same
-    archive over each other, and a rank that finds a file half-written reads a broken dataset (or
-    fails on it). Download on global rank 0 alone, barrier, then let every rank read the files. (Read
-    from the script's code: the call whose download=True no test of the rank guards.)
-    """
-    if f.world < 2 or not f.job.records("step"):
-        return None
-    ran = {e["dataset"] for loader in f.loaders.values() for e in loader["made"].values()}
-    calls = [at for at, made in f.source.keyword_calls("download", True) if made in ran]  # of data trained on
-    guarded = [at for at in calls if f.source.rank_condition(at)]
-    unguarded = [at for at in calls if not f.source.rank_condition(at)]
-    if unguarded and not guarded:  # one on rank 0 first (then a barrier) makes the others a read
-        return Found(
-            f"{f.code(unguarded[0])} downloads with download=True on every rank: the {f.world} ranks fetch "
-            "the data into one folder at once"
-        )
     return None
 
 

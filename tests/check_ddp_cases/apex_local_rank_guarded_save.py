@@ -1,4 +1,4 @@
-# check_ddp: exit 1, FAIL step 8 DDP805
+# check_ddp: exit 1, FAIL step 8 DDP805, warn step 6 DDP616
 """A classification script written for torch.distributed.launch, as NVIDIA's apex examples and many
 repositories of that time were: `--local_rank` (default -1) from the command line decides who saves,
 `if args.local_rank == 0:`, while the GPU already comes from torchrun's LOCAL_RANK. GPU only.
@@ -7,7 +7,9 @@ repositories of that time were: `--local_rank` (default -1) from the command lin
     torchrun --standalone --nproc_per_node=2 apex_local_rank_guarded_save.py
 
 Mistake: torchrun never passes --local_rank, so every process keeps -1 and no process meets the guard:
-the job trains, and no checkpoint is ever written.
+the job trains, and no checkpoint is ever written. Run again as torch.distributed.launch starts it
+(--local_rank passed), the guard shows its second mistake: local rank 0 is one process a node, so on
+nodes that share a disk two processes write the checkpoint at once (a warning: one node is fine).
 """
 
 import argparse

@@ -1,4 +1,4 @@
-# check_ddp: exit 1, FAIL step 6 DDP602
+# check_ddp: exit 0, warn step 6 DDP616
 """A detection-style training script in the manner of detectron2's tools: `comm.get_local_rank()`,
 `comm.is_main_process()`, a periodic checkpointer. GPU only.
 
@@ -6,6 +6,8 @@
 
 Mistake: the checkpointer writes when the *local* rank is 0, which is true once per node: on one
 machine it looks right, on two nodes sharing a folder two processes write model_final.pth at once.
+The guard is an early return (`if comm.get_local_rank() != 0: return`), not an `if` around the save.
+A warning: a risk of several machines that one machine, or node-local disks, never meet.
 """
 
 import os
