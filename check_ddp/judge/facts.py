@@ -1,6 +1,7 @@
 """What several rules read of a job, derived once from its records: the loaders' passes, the crash that
 explains the others, where each rank waits, the first collective the ranks did not call alike."""
 
+import copy
 import functools
 
 from ..watch.collectives import REDUCING
@@ -9,11 +10,38 @@ from .divergence import first_divergence
 from .source import Source
 
 
+def one_parent_a_node(job):
+    """The job as its own launcher runs it, where the script starts its own processes (mp.spawn,
+    mp.Process): each rank stands for one child, and ran the parent's part too, before its spawn. The
+    parent runs once a node: its files are written once, by local rank 0's; the other ranks' writes
+    before their spawn are left out. A copy: the job given is not changed."""
+    spawned = {
+        r: next((i for i, e in enumerate(events) if e["e"] == "spawn"), None)
+        for r, events in job.ranks.items()
+    }
+    if not any(i is not None for i in spawned.values()):
+        return job
+    local = {r: e["local_rank"] for r, events in job.ranks.items() for e in events if e["e"] == "start"}
+    ranks = {
+        r: [
+            e
+            for i, e in enumerate(events)
+            if not (
+                local.get(r) and spawned[r] is not None and i < spawned[r] and e["e"] in ("write", "save")
+            )
+        ]
+        for r, events in job.ranks.items()
+    }
+    view = copy.copy(job)
+    view.ranks = ranks
+    return view
+
+
 class Facts:
     """A job, and what is derived from its records once, for every rule that reads it."""
 
     def __init__(self, job):
-        self.job = job  # read, never written
+        self.job = one_parent_a_node(job)  # read, never written
         self.explained = frozenset()  # what the lines so far account for: "crash", "hang"
         self.lines = []  # the steps' lines so far
         self.ignored = []  # findings the script silences (# check_ddp: ignore[CODE]): (code, file:line, step)
