@@ -126,6 +126,15 @@ def judge_step(facts, step):
     for code in ORDER[step]:
         found = tried(facts, code)
         if found is not None and not silenced(facts, code, found, step):
+            if RULES[code].launch == "follows" and found.verdict != "--" and facts.unreached_launch:
+                # ranks apart before the script's own launch: as its authors launch it, one process
+                at = facts.code(facts.unreached_launch)
+                return Line(
+                    step,
+                    "--",
+                    f"not checked: the script starts its own processes at {at}, and the run never got "
+                    "there: what ran before it is one process's",
+                )
             return finding(RULES[code], found)
     said = SUMMARIES[step](facts)
     return Line(step, *said) if said else None

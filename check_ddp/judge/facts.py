@@ -8,6 +8,7 @@ from ..watch.collectives import REDUCING
 from .crash import COMMUNICATION_ERROR, INIT
 from .divergence import first_divergence
 from .source import Source
+from .words import by_line
 
 
 def one_parent_a_node(job):
@@ -48,6 +49,17 @@ class Facts:
         self.errors = []  # rules of check_ddp's own that failed on this job: "CODE: error"
         self.source = Source(job)  # the script's code, for what the records do not show
         self.code = self.source.code  # a line as evidence: file:line `its text`
+
+    @functools.cached_property
+    def unreached_launch(self):
+        """Where the script starts its own processes (mp.spawn, start_processes, a Process), if it does
+        and the run never got there (it stopped first, or took another path): what ran before is what
+        one process does as its authors launch it. None otherwise."""
+        if self.job.records("spawn"):
+            return None
+        names = ("spawn", "start_processes", "Process")
+        launches = [at for name in names for at, _ in self.source.calls_named(name)]
+        return min(launches, key=by_line) if launches else None
 
     @functools.cached_property
     def divergence(self):

@@ -432,9 +432,10 @@ def no_optimizer_state(f):
 
     Momentum and Adam's moments live in the optimizer. A run resumed from the weights alone
     restarts them from zero, and trains differently from one that never stopped. Save
-    optimizer.state_dict() (and the epoch) with the model, and load both.
+    optimizer.state_dict() (and the epoch) with the model, and load both. (A file that holds no model's
+    weights, a vocabulary or a config saved with torch.save, is no checkpoint.)
     """
-    saves = f.saved_files
+    saves = [(r, s) for r, s in f.saved_files if s["what"]["models"] or s["what"]["module"]]
     if saves and not any(s["what"]["optimizer"] for _, s in saves):
         return Found(
             f"the checkpoint saved at {f.code(saves[0][1]['at'])} holds no optimizer state: training cannot "

@@ -9,7 +9,7 @@ import re
 
 from ..judge.evidence import where_each_waits
 from ..judge.registry import Found, rule, summary
-from ..judge.words import by_line, ranks_text, short
+from ..judge.words import ranks_text, short
 from ..watch.launch import READ_KEYS
 
 
@@ -201,11 +201,8 @@ def never_asks_who_it_is(f):
     numbered = f.source.identifiers(r"rank|world_size|num_replicas|nodes?$")
     if not numbered:  # no notion of processes at all: a script not converted yet, DDP step 1's (DDP104)
         return None
-    launches = [
-        at for name in ("spawn", "start_processes", "Process") for at, _ in f.source.calls_named(name)
-    ]
-    if launches:  # a launch of its own the run did not reach (it stopped first, or took another path)
-        first = min(launches, key=by_line)
+    first = f.unreached_launch
+    if first:  # a launch of its own the run did not reach (it stopped first, or took another path)
         return Found(
             f"not checked: the script starts its own processes at {f.code(first)} (the run never got there)",
             verdict="--",
