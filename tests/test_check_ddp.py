@@ -170,6 +170,23 @@ def test_the_recorded_jobs_were_recorded_by_todays_recorder():
     assert not stale, f"re-record: python tests/record_check_ddp_jobs.py {' '.join(stale)}"
 
 
+def test_a_crash_that_only_the_wrappers_keys_explain_names_the_fix_at_the_save():
+    """A checkpoint of the DDP wrapper's keys (module.) loaded into a bare model fails with missing and
+    unexpected keys: the FAIL says the keys are the wrapper's, and that the fix is at the save."""
+    job = Job.load(JOBS / "imagenet_resume_crash")
+    lines = steps_of(judge(job).lines, see)
+    assert lines[6][0] == "FAIL"
+    assert "the DDP wrapper's: save model.module.state_dict() (DDP603)" in lines[6][1], lines[6][1]
+
+
+def test_the_step_dcps_state_dict_api_takes_is_not_counted_as_the_scripts():
+    """get_optimizer_state_dict() makes an optimizer's state by a step of no gradients of its own: the
+    script's loop ran 8 optimizer steps (256 samples a rank, batch 32, one epoch, then the save fails)."""
+    job = Job.load(JOBS / "fsdp2_optimizer_before_shard_dcp")
+    assert [e["n"] for _, e in job.records("step", rank=0)] == list(range(1, 9))
+    assert "after 8 optimizer steps" in steps_of(judge(job).lines, see)[4][1]
+
+
 def test_a_job_whose_ranks_were_stopped_before_their_error_is_judged_as_its_case_states():
     """A race seen live, under load: gloo aborts rank 1 of mnist_uneven_split (sizes that differ), and
     torchrun stops rank 0 before rank 0 records its own error, so that no rank's error is recorded.

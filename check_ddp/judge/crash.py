@@ -76,6 +76,9 @@ def crash_phase(facts, rank):
     """What the rank was doing when it failed, from its last telling record: (words, step); the
     words name the call that tells it where it is not the line that failed."""
     crash = facts.crash[1] if facts.crash and facts.crash[0] == rank else {}
+    call = crash.get("call") or ""
+    if call == "torch.save" or call.startswith("torch.distributed.checkpoint"):  # the call says it
+        return "while checkpointing", 6
     for e in reversed(facts.job.ranks.get(rank, [])):
         if e["e"] == "pass" and e["loader"] in facts.evaluation:
             return "while evaluating", 10

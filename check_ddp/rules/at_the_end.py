@@ -13,7 +13,7 @@ from ..steps import STEPS
     "FAIL",
     explains=("crash",),
     help="the script's own error, not a DDP step's: torchrun then stopped every rank. Its traceback is in "
-    "the job's output (below)",
+    "the job's output (the report's last line says where)",
 )
 def crashed(f):
     """The script stopped with an error of its own.
@@ -56,7 +56,22 @@ def crashed(f):
             verdict="--",
         )
     doing = crash_phase(f, rank)[0]
-    return Found(f"rank {rank} stopped with an error {doing}, at {f.code(at)}: {error}", step=step)
+    if 'Unexpected key(s) in state_dict: "module.' in event["message"]:  # a wrapper's file, read bare
+        error = error.rstrip(".") + (
+            "; the file's keys start with module., the DDP wrapper's: save model.module.state_dict() (DDP603)"
+        )
+    # a DDP call's error (a checkpoint that does not load: step 6) is its step's; else the script's own
+    helped = (
+        None
+        if step is None
+        else (
+            f"fix the DDP step {step} call that raised it (the line above): torchrun then stopped every "
+            "rank. Its traceback is in the job's output (the report's last line says where)"
+        )
+    )
+    return Found(
+        f"rank {rank} stopped with an error {doing}, at {f.code(at)}: {error}", step=step, help=helped
+    )
 
 
 @rule(

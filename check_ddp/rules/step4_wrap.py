@@ -122,6 +122,15 @@ def replicas_differ(f):
     return None
 
 
+# torch.distributed.checkpoint.state_dict's functions that read an optimizer beside its model
+OPTIMIZER_READERS = (
+    "get_optimizer_state_dict",
+    "set_optimizer_state_dict",
+    "get_state_dict",
+    "set_state_dict",
+)
+
+
 @rule(
     "DDP408",
     "FAIL",
@@ -144,9 +153,14 @@ def sharded_model_never_changed(f):
         sharded_at = max(i for i, x in enumerate(events) if x["e"] == "shard")
         before = [x for x in events[:sharded_at] if x["e"] == "optim"]
         made = f" the optimizer made at {f.code(before[0]['at'])}, before sharding," if before else ""
+        # the state-dict API reads the optimizer beside the model: its parameters are not the model's
+        crash = f.crash and f.crash[1]["call"] or ""
+        pairs = crash.rpartition(".")[2] in OPTIMIZER_READERS and "distributed.checkpoint" in crash
+        failed = f"; so {crash.rpartition('.')[2]}() fails at {f.code(f.crash[1]['at'])}" if pairs else ""
         return Found(
             f"after {plural(steps, 'optimizer step')}, no rank's shards of the model sharded at "
-            f"{f.code(e['at'])} changed:{made} steps parameters the model no longer uses"
+            f"{f.code(e['at'])} changed:{made} steps parameters the model no longer uses{failed}",
+            explains=("crash",) if pairs else None,
         )
     return None
 

@@ -1,6 +1,7 @@
 """NCCL: gloo, between the CPUs; the GPUs each DDP (and FSDP) call names, asked for."""
 
 import inspect
+import os
 
 from ..watch.frames import where
 from ..watch.recorder import Quietly
@@ -73,8 +74,15 @@ def ddp_on_cpu(original, s, _):
 @stands_in("torch.distributed", "init_device_mesh", step=4, label="init_device_mesh()")
 def device_mesh_on_cpu(original, s, _):
     def device_mesh_on_cpu(device_type, *args, **kwargs):
-        # a mesh of the node's GPUs: of its CPUs, over gloo, as the group is
-        return original("cpu" if str(device_type).startswith("cuda") else device_type, *args, **kwargs)
+        # a mesh of the node's GPUs: of its CPUs, over gloo, as the group is. Of GPUs, torch's own sets
+        # the GPU of LOCAL_RANK where the script chose none
+        of_gpus = str(device_type).startswith("cuda")
+        if of_gpus and not s.chosen and "LOCAL_RANK" in os.environ:
+            s.set_device(int(os.environ["LOCAL_RANK"]))
+        mesh = original("cpu" if of_gpus else device_type, *args, **kwargs)
+        if of_gpus:
+            s.meshes.set(mesh, True)
+        return mesh
 
     return device_mesh_on_cpu
 
@@ -83,13 +91,22 @@ def device_mesh_on_cpu(original, s, _):
 @stands_in("torch.distributed.fsdp._fully_shard._fully_shard", "fully_shard", step=4, label="fully_shard()")
 def fully_shard_on_cpu(original, s, _):
     def fully_shard_on_cpu(module, *args, **kwargs):
-        # where the script put the parameters this call shards (those a call before sharded are new)
-        devices = sorted({s.placed(p) for p in module.parameters() if type(p).__name__ != "DTensor"})
+        # where the script put the parameters this call shards (those a call before sharded are new);
+        # fully_shard moves them to its mesh's device, on a mesh of GPUs the current GPU (its own
+        # mesh, where the script gives none, is of GPUs wherever there are some)
+        fresh = [p for p in module.parameters() if type(p).__name__ != "DTensor"]
+        mesh = kwargs.get("mesh")
+        devices = sorted({s.placed(p) for p in fresh})
+        if fresh and (mesh is None or s.meshes.get(mesh, False)):
+            devices = [f"cuda:{s.gpu}"]
         result = original(module, *args, **kwargs)
         with Quietly(s):
             s.drop_hook(module)  # its first batch: the sharded forward's
             if devices:
                 s.rec.add("ddp_gpus", at=where(), devices=devices)
+                if devices[0].startswith("cuda"):
+                    for p in module.parameters():
+                        s.on_gpu(p, s.gpu)
         return result
 
     return fully_shard_on_cpu

@@ -32,6 +32,8 @@ class StandIn:
 
         self.rec, self.node_gpus = rec, node_gpus
         self.gpu = 0  # the current GPU (torch.cuda.set_device)
+        self.chosen = False  # whether the script chose it (set_device), or it is the default, 0
+        self.meshes = Beside()  # each device mesh the script made of GPUs (stood in by one of CPUs)
         self.asked = set()  # (how, GPU, line) already recorded
         self.counted = False  # torch.cuda.device_count() read by the script: recorded once
         self.tags = Beside()  # the GPU of each tensor the script put "on a GPU", kept beside it
@@ -134,7 +136,7 @@ class StandIn:
     def set_device(self, device):
         index = self.index(device)
         if index is not None and index >= 0:  # set_device(-1), or a cpu device: nothing, as in torch
-            self.gpu = self.ask(index, "set_device")
+            self.gpu, self.chosen = self.ask(index, "set_device"), True
 
     @contextlib.contextmanager
     def current(self, device):

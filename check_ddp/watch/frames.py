@@ -87,6 +87,17 @@ def called_by_user():
     return frame is not None and is_users(frame.f_code.co_filename)
 
 
+def within(folder):
+    """Whether a frame of torch's folder (as "distributed/checkpoint") is on the current stack."""
+    mark = os.sep + "torch" + os.sep + folder.replace("/", os.sep) + os.sep
+    frame = sys._getframe(1)
+    while frame is not None:
+        if mark in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
+
+
 # the files torch runs while it compiles, and only then: dynamo's frame conversion, inductor's compilation,
 # AOT autograd's (the backward's graph, compiled at the first backward)
 COMPILING = re.compile(

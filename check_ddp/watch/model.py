@@ -8,7 +8,7 @@ import weakref
 
 from .evidence import grad_enabled, input_sum, local, local_sum, without_hooks
 from .files import observe_writes
-from .frames import called_by_user, where
+from .frames import called_by_user, where, within
 from .recorder import Quietly
 from .registry import watches
 
@@ -158,7 +158,10 @@ def autograd_backward(original, w, _):
 
 
 def after_step(w, optimizer, args, kwargs):
-    """Every optimizer step (torch's post-step hook): what happened since the last."""
+    """Every optimizer step (torch's post-step hook): what happened since the last. Not the step of
+    no gradients DCP's state-dict API takes to make an optimizer's state (_init_optim_state)."""
+    if within("distributed/checkpoint"):
+        return
     state = w.state
     with Quietly(w):
         observe_writes(w)
