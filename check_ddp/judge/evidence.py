@@ -63,7 +63,9 @@ def unmatched_text(f):
         for r, c in sorted(calls.items())
     ]
     # the script's own, counted in order: DDP's in forward and backward are not among them
-    return f"the ranks' {ordinal(i + 1)} collectives of the script's own differ: " + "; ".join(said)
+    return f"the {ordinal(i + 1)} collective the script itself calls differs between the ranks: " + "; ".join(
+        said
+    )
 
 
 def where_each_waits(f):
