@@ -123,6 +123,7 @@ def assert_says_what_the_case_states(case, status, steps, stdout, device="cpu"):
     expected, verdicts, see, marked = expectation(case, device)
     assert status == expected, f"exit {status}, expected {expected}\n{stdout}"
     assert set(range(1, 9)) <= steps.keys(), stdout  # every step of the guide has its line
+    assert "DDP step 0" not in stdout, stdout  # the script's own line is no DDP step, and never says so
     for step, (verdict, code) in verdicts.items():
         assert steps[step][0] == verdict, f"step {step}: expected {verdict}\n{stdout}"
         if code:

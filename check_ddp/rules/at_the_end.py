@@ -63,7 +63,7 @@ def crashed(f):
     # a DDP call's error (a checkpoint that does not load: step 6) is its step's; else the script's own
     helped = (
         None
-        if step is None
+        if not step  # the script's own line (SCRIPT), or no step
         else (
             f"fix the DDP step {step} call that raised it (the line above): torchrun then stopped every "
             "rank. Its traceback is in the job's output (the report's last line says where)"
