@@ -3,6 +3,7 @@ job that makes no progress stopped. All the job leaves is in its folder (check_d
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -38,8 +39,8 @@ def run_job(options, aside=()):
     env["CHECK_DDP_NNODES"] = str(nnodes)
     if "launch" in aside:  # the script's own launch variables and init arguments set aside: torchrun's kept
         env["CHECK_DDP_KEEP_LAUNCH"] = "1"
-    if "launcher" in aside:  # the job as the launcher the script was written for makes it
-        env["CHECK_DDP_AS_LAUNCHER"] = "1"
+    if "launcher" in aside:  # the job as the launcher the script was written for makes it: a port of its own
+        env.update(CHECK_DDP_AS_LAUNCHER="1", CHECK_DDP_LAUNCHER_PORT=str(free_port()))
     if device == "cpu":  # --cpu, or fewer GPUs than processes: the CPU, as on a laptop, CUDA stood in
         env.update(CUDA_VISIBLE_DEVICES="", CHECK_DDP_STANDIN="1")
     else:  # each rehearsed node its own GPUs: those CUDA_VISIBLE_DEVICES lists, in order, or all
@@ -65,6 +66,14 @@ def run_job(options, aside=()):
     job.read_records()
     job.save()
     return job
+
+
+def free_port():
+    """A port no one listens on now: where a job made as its own launcher makes it meets (as a batch
+    file exports MASTER_PORT for srun or mpirun), apart from torchrun's store."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
 
 
 def wait_for(proc, job, options, log):

@@ -124,6 +124,8 @@ def judge_run(job):
 
 def judge_step(facts, step):
     for code in ORDER[step]:
+        if RULES[code].rendezvous and "launcher" in facts.job.aside:  # its launcher's way to meet
+            continue
         found = tried(facts, code)
         if found is not None and not silenced(facts, code, found, step):
             if RULES[code].launch == "follows" and found.verdict != "--" and facts.unreached_launch:

@@ -114,7 +114,8 @@ def as_its_launcher(rank, world, node, nodes, per_node):
     """Who this process is, as the other launchers say it (a run again as the launcher the script was
     written for, where it reads theirs, not torchrun's): SLURM's srun, Open MPI's and MPICH's mpirun,
     MVAPICH's. (A --local_rank option, torch.distributed.launch's, is passed by the watcher's
-    parse_args.)"""
+    parse_args.) No torchrun's store to join: rank 0 makes the store, at the port the job's batch file
+    would export (MASTER_PORT), as under those launchers, whether the script names that port or its own."""
     local = rank % per_node
     said = {
         "SLURM_PROCID": rank, "SLURM_LOCALID": local, "SLURM_NTASKS": world, "SLURM_NODEID": node,
@@ -126,5 +127,6 @@ def as_its_launcher(rank, world, node, nodes, per_node):
         "OMPI_COMM_WORLD_LOCAL_SIZE": per_node, "OMPI_COMM_WORLD_NODE_RANK": node,
         "PMI_RANK": rank, "PMI_SIZE": world, "MPI_LOCALRANKID": local, "MPI_LOCALNRANKS": per_node,
         "MV2_COMM_WORLD_RANK": rank, "MV2_COMM_WORLD_SIZE": world, "MV2_COMM_WORLD_LOCAL_RANK": local,
+        "MASTER_PORT": os.environ["CHECK_DDP_LAUNCHER_PORT"], "TORCHELASTIC_USE_AGENT_STORE": False,
     }  # fmt: skip
     return {key: str(value) for key, value in said.items()}

@@ -201,11 +201,15 @@ def test_every_private_name_check_ddp_reads_is_declared():
 # in a job's worker (by the sitecustomize each worker runs), then the script's calls, then what was
 # recorded.
 WATCHED = """
-import io, pickle
+import io, os, pickle
 from copy import deepcopy
 
 import torch
 from torch.utils.data import DataLoader, Sampler, TensorDataset
+
+
+job_id = os.environ.get("SLURM_JOB_ID") or os.environ["TORCHELASTIC_RUN_ID"]  # a launcher's, each
+home = os.environ.get("HOME")  # no launcher's
 
 
 class Endless(Sampler):  # no __len__: a DataLoader over it has no length either
@@ -233,8 +237,9 @@ print("done")
 
 def test_the_watcher_and_the_stand_in_in_one_process(tmp_path):
     """Without torchrun: what a script does under the watcher is what it does alone (it finishes,
-    prints what it prints), and the records say what it did: the GPU asked for, the loader with no
-    length (none asked of it), the batches, the save to memory."""
+    prints what it prints), and the records say what it did: the launchers' variables it read (any
+    launcher's, found or not; not torch's own reads), the GPU asked for, the loader with no length (none
+    asked of it), the batches, the save to memory."""
     import json
     import os
     import subprocess
@@ -262,6 +267,8 @@ def test_the_watcher_and_the_stand_in_in_one_process(tmp_path):
     for r in records:
         kinds.setdefault(r["e"], []).append(r)
     assert "fault" not in kinds, kinds.get("fault")
+    reads = {(r["key"], r["found"], r["by"]) for r in kinds["read"] if r["key"] != "device_count"}
+    assert reads == {("SLURM_JOB_ID", False, "script"), ("TORCHELASTIC_RUN_ID", True, "script")}, reads
     assert {(g["how"], g["index"]) for g in kinds["gpu"]} >= {("set_device", 0), ("model.to", 0), ("to", 0)}
     (loader,) = kinds["loader"]
     assert loader["batches"] is None and loader["sampler"] == "Endless"  # no length asked of the script's

@@ -61,6 +61,10 @@ class Rule:
     # a finding of ranks that wait for one another (a hang, or a rank that lost its peers): the report says
     # which of PyTorch's own tools show it on a cluster, with the commands
     hang: bool = False
+    # a finding that the script's own rendezvous (where its ranks meet, who it says each is) is not
+    # torchrun's: in a run made as the launcher the script was written for, it is that launcher's way to
+    # meet, and the rule is not tried
+    rendezvous: bool = False
 
     @property
     def doc(self):
@@ -139,7 +143,18 @@ SET_ASIDE = {
 }
 
 
-def rule(code, verdict, help, see=None, explains=(), sets_aside=(), launch=None, across=False, hang=False):
+def rule(
+    code,
+    verdict,
+    help,
+    see=None,
+    explains=(),
+    sets_aside=(),
+    launch=None,
+    across=False,
+    hang=False,
+    rendezvous=False,
+):
     """Declare a rule: the function under it looks at the facts and returns Found, or None."""
 
     def register(check):
@@ -156,6 +171,7 @@ def rule(code, verdict, help, see=None, explains=(), sets_aside=(), launch=None,
             launch,
             across,
             hang,
+            rendezvous,
         )
         return check
 

@@ -4,6 +4,8 @@ Its rules, in the order they are tried (ORDER), and its summary. A rule's docstr
 explanation (python check_ddp.py --explain CODE): its first line the summary; then what happens,
 why, and what to do."""
 
+import re
+
 from ..judge.crash import INIT
 from ..judge.registry import Found, rule, summary
 from ..judge.words import ranks_text
@@ -13,6 +15,7 @@ from ..judge.words import ranks_text
     "DDP101",
     "FAIL",
     launch="follows",
+    rendezvous=True,
     sets_aside=("launch",),
     see="master_port",
     explains=("crash",),
@@ -46,6 +49,7 @@ def master_port_set(f):
     "DDP102",
     "FAIL",
     launch="follows",
+    rendezvous=True,
     help="read RANK, LOCAL_RANK and WORLD_SIZE from the environment torchrun made; never write them",
 )
 def launch_variable_set(f):
@@ -138,6 +142,7 @@ def no_process_group(f):
     "DDP105",
     "FAIL",
     launch="follows",
+    rendezvous=True,
     sets_aside=("launch",),
     see="master_port",
     help="pass no init_method: the default, env://, reads where torchrun's job meets",
@@ -147,10 +152,11 @@ def init_method_elsewhere(f):
 
     An init_method such as tcp://localhost:12355 or file:///tmp/x sends the ranks to a place
     torchrun did not set up: they wait there, or meet the processes of another job. Leave
-    init_method out; its default, env://, reads MASTER_ADDR and MASTER_PORT from torchrun.
+    init_method out; its default, env://, reads MASTER_ADDR and MASTER_PORT from torchrun. (One
+    built from those two variables, tcp://MASTER_ADDR:MASTER_PORT, is torchrun's store too: fine.)
     """
     inits = f.job.records("init")
-    if inits and inits[0][1]["init_method"] not in (None, "env://"):
+    if inits and inits[0][1]["init_method"] not in (None, "env://") and not torchruns_store(f, *inits[0]):
         e = inits[0][1]
         return Found(
             f"{f.code(e['at'])} passes init_method={e['init_method']!r}: not where torchrun's job meets",
@@ -159,10 +165,19 @@ def init_method_elsewhere(f):
     return None
 
 
+def torchruns_store(f, rank, init):
+    """Whether init_process_group()'s init_method names the address and port torchrun gave the rank
+    (tcp://MASTER_ADDR:MASTER_PORT, built from its variables): torchrun's store, as env:// reads it."""
+    env = next((s["env"] for r, s in f.job.records("start") if r == rank), {})
+    url = re.fullmatch(r"tcp://\[?([^\]/?]+?)\]?:(\d+)/?(\?.*)?", str(init["init_method"]))
+    return bool(url) and (url[1], url[2]) == (env.get("MASTER_ADDR"), env.get("MASTER_PORT"))
+
+
 @rule(
     "DDP106",
     "FAIL",
     launch="follows",
+    rendezvous=True,
     sets_aside=("launch",),
     help="leave rank= and world_size= out: init_process_group() reads them from torchrun",
 )

@@ -57,9 +57,15 @@ def outside_stdlib():
     """The frame that called into this check, past the standard library's own frames (os.getenv,
     argparse's parse_args): whose code asked, the script's or a library's."""
     frame = callers_frame()
-    while frame is not None and os.path.realpath(frame.f_code.co_filename).startswith(STDLIB):
+    while frame is not None and stdlib(frame.f_code.co_filename):
         frame = frame.f_back
     return frame
+
+
+def stdlib(filename):
+    """A file of Python's standard library: under its folder, or frozen into the interpreter (os and
+    _collections_abc are, from Python 3.11: os.environ.get's frames are "<frozen _collections_abc>")."""
+    return filename.startswith("<frozen ") or os.path.realpath(filename).startswith(STDLIB)
 
 
 def where():

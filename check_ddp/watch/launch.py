@@ -161,6 +161,9 @@ OTHER_LAUNCHERS = re.compile(
     r"OMPI_COMM_WORLD_(LOCAL_)?(RANK|SIZE)|PMI_(RANK|SIZE)|MPI_LOCALRANKID|MV2_COMM_WORLD_(LOCAL_)?RANK"
     r"|SLURM_(PROCID|LOCALID|NTASKS)"
 )
+# any other variable a launcher sets (SLURM's, MPI's, LSF's and jsrun's, PBS's, torchrun's own): a script that
+# reads one expects that launcher, and a line that fails on one fails on its launch
+LAUNCHER_OWNED = re.compile(r"(SLURM|OMPI|PMIX?|MV2|MPI|LSB|JSM|PBS|TORCHELASTIC)_\w+|GROUP_WORLD_SIZE")
 # a process's number on its node, as each launcher says it: the GPU it takes
 LOCAL_RANK_KEYS = (
     "LOCAL_RANK",
@@ -175,15 +178,13 @@ LOCAL_RANK_KEYS = (
 def environ_getitem(original, w, _):
     def environ_getitem(self, key):
         with Quietly(w):
-            if (
-                self is os.environ
-                and key not in w.read
-                and (key in READ_KEYS or OTHER_LAUNCHERS.fullmatch(str(key)))
-            ):
-                w.read.add(key)
-                frame = outside_stdlib()
+            if self is os.environ and key not in w.read:
+                who = key in READ_KEYS or OTHER_LAUNCHERS.fullmatch(str(key))
+                frame = outside_stdlib() if who or LAUNCHER_OWNED.fullmatch(str(key)) else None
                 by = "script" if frame is not None and is_users(frame.f_code.co_filename) else "library"
-                w.rec.add("read", key=key, by=by, at=where(), found=key in os.environ)
+                if who or by == "script":  # another of a launcher's variables, read by torch itself: not kept
+                    w.read.add(key)
+                    w.rec.add("read", key=key, by=by, at=where(), found=key in os.environ)
         return original(self, key)
 
     return environ_getitem
