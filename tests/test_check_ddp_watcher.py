@@ -209,6 +209,8 @@ from torch.utils.data import DataLoader, Sampler, TensorDataset
 
 
 job_id = os.environ.get("SLURM_JOB_ID") or os.environ["TORCHELASTIC_RUN_ID"]  # a launcher's, each
+if os.environ.get("TORCHELASTIC_RUN_ID") is not None:  # read again, on lines of its own
+    job_id = os.environ["TORCHELASTIC_RUN_ID"]
 home = os.environ.get("HOME")  # no launcher's
 
 
@@ -238,8 +240,8 @@ print("done")
 def test_the_watcher_and_the_stand_in_in_one_process(tmp_path):
     """Without torchrun: what a script does under the watcher is what it does alone (it finishes,
     prints what it prints), and the records say what it did: the launchers' variables it read (any
-    launcher's, found or not; not torch's own reads), the GPU asked for, the loader with no length (none
-    asked of it), the batches, the save to memory."""
+    launcher's, found or not, once a line; not torch's own reads), the GPU asked for, the loader with
+    no length (none asked of it), the batches, the save to memory."""
     import json
     import os
     import subprocess
@@ -267,8 +269,9 @@ def test_the_watcher_and_the_stand_in_in_one_process(tmp_path):
     for r in records:
         kinds.setdefault(r["e"], []).append(r)
     assert "fault" not in kinds, kinds.get("fault")
-    reads = {(r["key"], r["found"], r["by"]) for r in kinds["read"] if r["key"] != "device_count"}
-    assert reads == {("SLURM_JOB_ID", False, "script"), ("TORCHELASTIC_RUN_ID", True, "script")}, reads
+    reads = [(r["key"], r["found"], r["by"]) for r in kinds["read"] if r["key"] != "device_count"]
+    assert sorted(set(reads)) == [("SLURM_JOB_ID", False, "script"), ("TORCHELASTIC_RUN_ID", True, "script")]
+    assert reads.count(("TORCHELASTIC_RUN_ID", True, "script")) == 3, reads  # each line that reads it
     assert {(g["how"], g["index"]) for g in kinds["gpu"]} >= {("set_device", 0), ("model.to", 0), ("to", 0)}
     (loader,) = kinds["loader"]
     assert loader["batches"] is None and loader["sampler"] == "Endless"  # no length asked of the script's

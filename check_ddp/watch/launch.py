@@ -178,12 +178,14 @@ LOCAL_RANK_KEYS = (
 def environ_getitem(original, w, _):
     def environ_getitem(self, key):
         with Quietly(w):
-            if self is os.environ and key not in w.read:
-                who = key in READ_KEYS or OTHER_LAUNCHERS.fullmatch(str(key))
-                frame = outside_stdlib() if who or LAUNCHER_OWNED.fullmatch(str(key)) else None
+            who = key in READ_KEYS or OTHER_LAUNCHERS.fullmatch(str(key))
+            if self is os.environ and (who or LAUNCHER_OWNED.fullmatch(str(key))):
+                frame = outside_stdlib()
                 by = "script" if frame is not None and is_users(frame.f_code.co_filename) else "library"
-                if who or by == "script":  # another of a launcher's variables, read by torch itself: not kept
-                    w.read.add(key)
+                # each line that reads it, once: a check of it (.get) and the read that fails on its value
+                line = (key, frame.f_code, frame.f_lineno) if frame is not None else key
+                if (who or by == "script") and line not in w.read:  # torch's own reads of the others: not
+                    w.read.add(line)
                     w.rec.add("read", key=key, by=by, at=where(), found=key in os.environ)
         return original(self, key)
 

@@ -10,7 +10,7 @@ class Watcher:
 
     def __init__(self, rec):
         self.rec = rec
-        self.read = set()  # the launch variables already seen read
+        self.read = set()  # the launch variables already seen read (and where)
         self.state = {  # what happened since the last optimizer step
             "backward": 0,
             "synced": 0,

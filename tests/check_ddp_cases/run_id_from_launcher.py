@@ -21,8 +21,11 @@ from torch.utils.data.distributed import DistributedSampler
 
 
 def run_folder():
-    job_id = os.environ.get("SLURM_JOB_ID") or os.environ["TORCHELASTIC_RUN_ID"]
-    folder = f"runs/{int(job_id):08d}"  # check_ddp: here
+    if os.environ.get("TORCHELASTIC_RUN_ID") is not None:  # under torchrun
+        job_id = int(os.environ["TORCHELASTIC_RUN_ID"])  # check_ddp: here
+    else:
+        job_id = int(os.environ["SLURM_JOB_ID"])
+    folder = f"runs/{job_id:08d}"
     os.makedirs(folder, exist_ok=True)
     return folder
 
