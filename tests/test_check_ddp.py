@@ -791,5 +791,6 @@ def test_the_recorded_jobs_are_the_cases_and_small():
         "record the jobs again: python tests/record_check_ddp_jobs.py"
     )
     size = sum(p.stat().st_size for p in JOBS.rglob("*") if p.is_file())
-    assert size < 6 * 2**20, f"{size} bytes of recorded jobs: keep them small"
+    # about 45 KB a case, 142 cases: a bound that grows only with cases, each recorded as small as it shows
+    assert size < 7 * 2**20, f"{size} bytes of recorded jobs: keep them small"
     assert not list(JOBS.rglob("site")), "the recorded jobs keep only what the judge reads"

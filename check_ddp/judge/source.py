@@ -317,6 +317,33 @@ class Source:
             if isinstance(target, ast.Name) and target.id in used
         }
 
+    def divided_by_whole_set(self, at):
+        """Where the script divides by len(NAME.dataset), NAME the loader made at file:line (a name or an
+        attribute of that name, in any of its files): the size of the whole set the loader draws from,
+        whatever share of it the loader gives a rank. file:line of each, in order."""
+        path, _, n = at.rpartition(":")
+        tree = self.tree(path)
+        if tree is None or not n.isdigit():
+            return []
+        names = {
+            target.id if isinstance(target, ast.Name) else target.attr
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Assign) and node.lineno <= int(n) <= node.end_lineno
+            for target in node.targets
+            if isinstance(target, (ast.Name, ast.Attribute))
+        }
+        found = set()
+        for file in self.job.sources:
+            for node in ast.walk(self.tree(file) or ast.Module([], [])):
+                divisor = (
+                    node.right if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div)
+                    else node.value if isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Div)
+                    else None
+                )  # fmt: skip
+                if divisor is not None and any(whole_set(call, names) for call in ast.walk(divisor)):
+                    found.add(f"{file}:{node.lineno}")
+        return sorted(found, key=by_line)
+
     def identifiers(self, pattern):
         """The names the script's code uses (variables, attributes, arguments, its options' names) that
         match pattern, sorted: what it calls things, not what its comments or strings say."""
@@ -392,6 +419,17 @@ class Source:
                     }
                     found[f"{path}:{node.lineno}"] = keywords
         return sorted(found.items(), key=lambda item: by_line(item[0]))
+
+
+def whole_set(node, names):
+    """Whether node is len(X.dataset), X one of names (or an attribute of that name: self.val_loader)."""
+    if not (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "len" and len(node.args) == 1):
+        return False
+    arg = node.args[0]
+    if not (isinstance(arg, ast.Attribute) and arg.attr == "dataset"):
+        return False
+    owner = arg.value
+    return (owner.id if isinstance(owner, ast.Name) else getattr(owner, "attr", None)) in names
 
 
 def fills_name(node, name):

@@ -197,6 +197,36 @@ def evaluation_by_hand_not_reduced(f):
 
 
 @rule(
+    "DDP1009",
+    "FAIL",
+    see="metrics",
+    help="all-reduce what each rank counted (correct, loss x samples, and the samples) before dividing: "
+    "len(loader.dataset) is the whole set's size, not the rank's shard's",
+)
+def shard_divided_by_whole_set(f):
+    """Each rank divides what it counted on its shard by the whole held-out set's size: 1/N of the value.
+
+    pytorch/examples' mnist divides its test sums by len(test_loader.dataset). Converted to DDP
+    with a DistributedSampler on the test set, each rank counts its shard (1/N of the set), while
+    len(test_loader.dataset) is still the whole set's size: the accuracy and the loss each rank
+    reports are about 1/N of the true ones, not an estimate of them. All-reduce the sums and the
+    count first, then divide (one process would not show it: its shard is the whole set).
+    """
+    if crashed_in_evaluation(f) or not f.evaluated or f.evaluated[0] != "unreduced":
+        return None
+    at = f.evaluated[2]
+    divided = f.source.divided_by_whole_set(at)
+    if not divided:
+        return None
+    return Found(
+        f"each rank evaluated only its own shard of the held-out set (DataLoader at {f.code(at)}), and no "
+        f"collective followed; {f.code(divided[0])} divides what the rank counted by the size of the whole "
+        f"set (the loader's dataset), not of its shard: each rank's metric is about 1/{f.world} of the "
+        "true one"
+    )
+
+
+@rule(
     "DDP1003",
     "warn",
     see="metrics",

@@ -1,4 +1,4 @@
-# check_ddp: exit 0, warn step 10 DDP1003
+# check_ddp: exit 1, FAIL step 10 DDP1009
 """Digit classification on synthetic 12x12 images, in the style of pytorch/examples mnist/main.py,
 converted to DDP: a plain main(), an argparse whose help states the defaults, a flat loop.
 
