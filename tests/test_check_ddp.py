@@ -286,7 +286,7 @@ README_RULES = [
     (9, "run the first K-1 backward passes inside `model.no_sync()`", {"DDP901", "DDP902"}),
     (10, "Each rank evaluates every N-th held-out (validation) sample", {"DDP1003", "DDP1005", "DDP1008"}),
     (10, "on `model.module` (the wrapper's forward can be a collective)", {"DDP1001"}),
-    (10, "then one all-reduce of (sum, count)", {"DDP1003", "DDP1006"}),
+    (10, "then one all-reduce of (sum, count)", {"DDP1003", "DDP1006", "DDP1009"}),
     (10, "each sample counted once", {"DDP1004", "DDP1008"}),
 ]
 
