@@ -373,6 +373,28 @@ def test_the_stand_in_answers_as_a_node_of_gpus_and_says_so_in_records():
     ]
 
 
+def test_the_stand_in_shows_a_process_the_gpus_it_narrowed_itself_to(monkeypatch):
+    """As CUDA does: a process that sets CUDA_VISIBLE_DEVICES to its own GPU before any GPU use sees that
+    GPU alone, as cuda:0; the records name the node's GPU (1), so that the judge compares it with
+    LOCAL_RANK; a GPU past those it sees is refused, saying why."""
+    import torch
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # as the check starts the job on a CPU
+    rec = Recorded()
+    stand_in = StandIn(rec, node_gpus=2)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # the script's, before its first GPU use
+    answer = {name: functools.partial(CUDA_ANSWERS[name], stand_in) for name in CUDA_ANSWERS}
+    assert answer["device_count"]() == 1 and answer["current_device"]() == 0
+    tensor = stand_in.on_gpu(torch.zeros(2), stand_in.ask(stand_in.index("cuda:0"), "to"))
+    assert stand_in.placed(tensor) == "cuda:1"
+    answer["set_device"](0)
+    assert answer["current_device"]() == 0 and stand_in.index("cuda") == 1
+    with pytest.raises(RuntimeError, match="cuda:1 asked, and this process sees 1 of its node's 2 GPUs"):
+        stand_in.ask(stand_in.index(1), "to")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # too late: CUDA read it at its first use
+    assert answer["device_count"]() == 1 and stand_in.index("cuda:0") == 1
+
+
 def test_every_public_name_of_torch_cuda_is_stood_in_or_left_to_torch_with_a_reason():
     """torch.cuda as a whole, enumerated from torch itself, not from the scripts seen so far: each public
     name is answered by the stand-in, or declared left to torch (CUDA_LEFT, with why), so that an old or

@@ -23,7 +23,7 @@ CUDA_ANSWERS = {
     "is_available": lambda s: True,
     "is_initialized": lambda s: True,
     "device_count": StandIn.device_count,
-    "current_device": lambda s: s.gpu,
+    "current_device": lambda s: s.shown(s.gpu),
     "set_device": StandIn.set_device,
     "device": StandIn.current,
     "Event": lambda s, *args, **kwargs: StandInEvent(*args, **kwargs),
@@ -40,7 +40,7 @@ CUDA_ANSWERS = {
     "memory_stats": lambda s, *args, **kwargs: collections.defaultdict(int),
     # a GPU's own random generator: torch.compile saves and restores it around its tracing
     "get_rng_state": lambda s, *args, **kwargs: s.rng_state.clone(),
-    "get_rng_state_all": lambda s, *args, **kwargs: [s.rng_state.clone()] * s.node_gpus,
+    "get_rng_state_all": lambda s, *args, **kwargs: [s.rng_state.clone()] * len(s.visible()),
     "initial_seed": lambda s: 0,
     "memory_snapshot": lambda s, *args, **kwargs: [],
     **dict.fromkeys(

@@ -77,8 +77,8 @@ def device_mesh_on_cpu(original, s, _):
         # a mesh of the node's GPUs: of its CPUs, over gloo, as the group is. Of GPUs, torch's own sets
         # the GPU of LOCAL_RANK where the script chose none
         of_gpus = str(device_type).startswith("cuda")
-        if of_gpus and not s.chosen and "LOCAL_RANK" in os.environ:
-            s.set_device(int(os.environ["LOCAL_RANK"]))
+        if of_gpus and s.chosen is None and "LOCAL_RANK" in os.environ:
+            s.set_device(int(os.environ["LOCAL_RANK"]) % max(1, len(s.visible())))
         mesh = original("cpu" if of_gpus else device_type, *args, **kwargs)
         if of_gpus:
             s.meshes.set(mesh, True)

@@ -15,6 +15,7 @@ missing_names): torch.cuda's answers (cuda.py), the calls that name a device (de
 read); the watcher never reads its state, and the judge reads both from the records."""
 
 import contextlib
+import os
 import time
 import types
 
@@ -31,8 +32,10 @@ class StandIn:
         import torch
 
         self.rec, self.node_gpus = rec, node_gpus
-        self.gpu = 0  # the current GPU (torch.cuda.set_device)
-        self.chosen = False  # whether the script chose it (set_device), or it is the default, 0
+        # the node's GPUs this process sees, as CUDA decides at its first use: all of them, or those the
+        # script names in CUDA_VISIBLE_DEVICES before that (one a process: cuda:0 is then its own GPU)
+        self.launch_visible, self.seen = os.environ.get("CUDA_VISIBLE_DEVICES"), None
+        self.chosen = None  # the current GPU, if the script chose it (set_device), by its number on the node
         self.meshes = Beside()  # each device mesh the script made of GPUs (stood in by one of CPUs)
         self.asked = set()  # (how, GPU, line) already recorded
         self.counted = False  # torch.cuda.device_count() read by the script: recorded once
@@ -44,6 +47,11 @@ class StandIn:
         self.autocast, self.scaler = autocast_on_cpu(torch), grad_scaler_on_cpu(torch)
         # torch.compile traces none of its bookkeeping on a DDP forward
         self.note_input = torch.compiler.disable(self.note_input)
+
+    @property
+    def gpu(self):
+        """The current GPU, by its number on the node: the one the script set, else the first it sees."""
+        return self.chosen if self.chosen is not None else (self.visible() or [0])[0]
 
     def placed(self, tensor):
         """Where a tensor is, for the script: the GPU it asked for, else its device."""
@@ -59,7 +67,7 @@ class StandIn:
         import torch
 
         if isinstance(device, int) and not isinstance(device, bool):
-            return device
+            return self.on_node(device)
         if isinstance(device, str):
             if not device.startswith("cuda"):
                 return None
@@ -69,8 +77,40 @@ class StandIn:
                 self.record(None, "device", refused="invalid")
                 raise
         if isinstance(device, torch.device) and device.type == "cuda":
-            return self.gpu if device.index is None else device.index
+            return self.gpu if device.index is None else self.on_node(device.index)
         return None
+
+    def visible(self):
+        """The node's GPUs this process sees, by their numbers on the node: fixed at the first use, as
+        CUDA reads CUDA_VISIBLE_DEVICES once. Where the script set it (to its own GPU, before any GPU
+        use), those it lists, up to the first that is not one of the node's, as CUDA reads the list."""
+        if self.seen is None:
+            listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+            self.seen = list(range(self.node_gpus))
+            if listed != self.launch_visible and listed is not None:
+                self.seen = []
+                for item in listed.split(","):
+                    if not item.strip().isdigit() or int(item) >= self.node_gpus or int(item) in self.seen:
+                        break
+                    self.seen.append(int(item))
+        return self.seen
+
+    def on_node(self, index):
+        """The node's GPU that the script's cuda:index is (the index-th it sees); one past those it sees
+        stays past the node's, where ask() refuses it as CUDA does."""
+        seen = self.visible()
+        return (
+            seen[index]
+            if 0 <= index < len(seen)
+            else index
+            if index < 0
+            else index + self.node_gpus - len(seen)
+        )
+
+    def shown(self, gpu):
+        """The number the script knows the node's GPU by (torch.cuda.current_device())."""
+        seen = self.visible()
+        return seen.index(gpu) if gpu in seen else gpu
 
     def record(self, index, how, refused=None):
         """A GPU asked for, and whether it was refused, recorded once a way and line."""
@@ -87,9 +127,13 @@ class StandIn:
         if index < 0:
             raise RuntimeError(f"Device index must not be negative (check_ddp: cuda:{index} asked)")
         if index >= gpus:
+            seen = len(self.visible())
+            sees = f"this node has {gpus} GPU{'s' if gpus > 1 else ''}"
+            if seen < gpus:  # the script's CUDA_VISIBLE_DEVICES
+                sees = f"this process sees {seen} of its node's {gpus} GPUs (CUDA_VISIBLE_DEVICES)"
             raise RuntimeError(
-                f"CUDA error: invalid device ordinal (check_ddp: cuda:{index} asked, and this node has "
-                f"{gpus} GPU{'s' if gpus > 1 else ''}, cuda:0 to cuda:{gpus - 1})"
+                f"CUDA error: invalid device ordinal (check_ddp: cuda:{index - gpus + seen} asked, and "
+                f"{sees}, cuda:0 to cuda:{seen - 1})"
             )
         return index
 
@@ -136,21 +180,21 @@ class StandIn:
     def set_device(self, device):
         index = self.index(device)
         if index is not None and index >= 0:  # set_device(-1), or a cpu device: nothing, as in torch
-            self.gpu, self.chosen = self.ask(index, "set_device"), True
+            self.chosen = self.ask(index, "set_device")
 
     @contextlib.contextmanager
     def current(self, device):
-        before = self.gpu
+        before = self.chosen
         self.set_device(device)
         yield
-        self.gpu = before
+        self.chosen = before
 
     def device_count(self):
         """The node's GPUs. Read, like LOCAL_RANK: a GPU index may come from it."""
         if not self.counted:
             self.counted = True
             self.rec.add("read", key="device_count", by="script", at=where(), found=True)
-        return self.node_gpus
+        return len(self.visible())
 
 
 class StandInProperties(types.SimpleNamespace):
