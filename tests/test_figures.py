@@ -328,7 +328,7 @@ def suite_figures():
             when(full),
             f"{float(quick['time']):.0f} s for {quick['tests']} tests",
             when(quick),
-            f"the notebook {walkthrough / 60:.0f} minutes",
+            f"the notebook {walkthrough:.0f} s",
             f"the faults' meta-test ({meta_test:.0f} s here)",
         ],
     }
