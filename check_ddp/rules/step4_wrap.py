@@ -95,7 +95,11 @@ def device_ids_elsewhere(f):
         asked = [d.rpartition(":")[2] for d in e["device_ids"]]
         # the node's GPU it names, where the stand-in says (a process that narrowed CUDA_VISIBLE_DEVICES
         # to its own GPU names it cuda:0): the model's devices are told the same way
-        named = [g["index"] for rr, g in f.job.records("gpu") if rr == r and g["how"] == "device_ids"]
+        named = [
+            g["index"]
+            for rr, g in f.job.records("gpu")
+            if rr == r and g["how"] == "device_ids" and g["at"] == e["at"]
+        ]
         model = f.model_devices.get(r, [])
         if asked and asked[0].isdigit() and len(model) == 1 and model[0].startswith("cuda:"):
             if model[0] != f"cuda:{named[0] if named else asked[0]}":

@@ -99,13 +99,9 @@ class StandIn:
         """The node's GPU that the script's cuda:index is (the index-th it sees); one past those it sees
         stays past the node's, where ask() refuses it as CUDA does."""
         seen = self.visible()
-        return (
-            seen[index]
-            if 0 <= index < len(seen)
-            else index
-            if index < 0
-            else index + self.node_gpus - len(seen)
-        )
+        if 0 <= index < len(seen):
+            return seen[index]
+        return index if index < 0 else index + self.node_gpus - len(seen)
 
     def shown(self, gpu):
         """The number the script knows the node's GPU by (torch.cuda.current_device())."""

@@ -184,7 +184,8 @@ def environ_getitem(original, w, _):
                 by = "script" if frame is not None and is_users(frame.f_code.co_filename) else "library"
                 # each line that reads it, once: a check of it (.get) and the read that fails on its value
                 line = (key, frame.f_code, frame.f_lineno) if frame is not None else key
-                if (who or by == "script") and line not in w.read:  # torch's own reads of the others: not
+                # torch's own reads of another launcher's variables are not the script's expectation: not kept
+                if (who or by == "script") and line not in w.read:
                     w.read.add(line)
                     w.rec.add("read", key=key, by=by, at=where(), found=key in os.environ)
         return original(self, key)
