@@ -15,11 +15,21 @@ from types import SimpleNamespace
 # the timeout every pitfall gives its process group: a hang shows as this timeout's message
 TIMEOUT_S = 3
 
+# what a rank of a hung job says when it gives up: its own timeout, or that the rank which gave up
+# first went, which gloo words two ways ("Connection closed by peer", "Application timeout caused
+# pair closure"); a pitfall reads it after the rank's prefix, rf"^\[rank{r}\]: {GAVE_UP}"
+GAVE_UP = r"\w+Error: .*(Timed out|closed by peer|pair closure)"
+
 
 def torchrun(script, *args, nproc=2, options=("--standalone",), env=None, timeout=60):
     """Run `torchrun OPTIONS --nproc_per_node=NPROC SCRIPT ARGS` with this Python, as a user would
-    type it, and capture what it says: stdout, stderr, returncode, seconds (as run() does)."""
-    command = [sys.executable, "-m", "torch.distributed.run", *options, f"--nproc_per_node={nproc}"]
+    type it, and capture what it says: stdout, stderr, returncode, seconds (as run() does).
+
+    torchrun stops every worker once one has failed. It looks each second here, not each 0.1 s as by
+    default, so that in a mistake whose ranks fail one after the other, the rank that fails second
+    has the time to say why (on a busy machine, one was stopped before it could)."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--monitor-interval=1", *options]
+    command.append(f"--nproc_per_node={nproc}")
     return run([*command, script, *args], env=env, timeout=timeout)
 
 

@@ -25,7 +25,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from _launch import TIMEOUT_S, error_line, report, tell, told, torchrun
+from _launch import GAVE_UP, TIMEOUT_S, error_line, report, tell, told, torchrun
 from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Subset, TensorDataset
@@ -100,9 +100,7 @@ def main():
     has = {p["rank"]: p["batches"] for p in said}  # batches of the mistake, rank by rank
     where = [waited_in(job.stderr, r) for r in (0, 1)]
     # the first rank to give up times out; the other then times out too, or sees it leave
-    timed_out = [
-        error_line(job.stderr, rf"^\[rank{r}\]: \w+Error: .*(Timed out|closed by peer)") for r in (0, 1)
-    ]
+    timed_out = [error_line(job.stderr, rf"^\[rank{r}\]: {GAVE_UP}") for r in (0, 1)]
     fixes = {way: [p["fixes"][way] for p in said] for way in ("padded", "drop_last", "Join")}
     batches = {way: [rank["batches"] for rank in ranks] for way, ranks in fixes.items()}
     padded_samples = said[0]["padded_samples"] if said else 0

@@ -21,9 +21,13 @@ ENVIRON_READ = "os._Environ.__getitem__"
 TORCH_LOAD = "torch.load"
 
 
+# a rank's error that says another rank went or never came, not why: gloo says a peer went as
+# "Connection closed by peer" or, where the peer's own timeout closed it, "Application timeout caused
+# pair closure" (whichever rank of a hang gives up first, the other says one of these)
 COMMUNICATION_ERROR = re.compile(
-    r"closed by peer|reset by peer|Connection refused|Timed out|timed out|doesn't match expected size|"
-    r"collective mismatch|Broken pipe|NCCL communicator was aborted|Watchdog caught"
+    r"closed by peer|pair closure|reset by peer|Connection refused|Timed out|timed out|"
+    r"doesn't match expected size|collective mismatch|Broken pipe|NCCL communicator was aborted|"
+    r"Watchdog caught"
 )
 
 
