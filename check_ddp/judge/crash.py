@@ -19,6 +19,7 @@ DDP_FORWARD = "torch.nn.parallel.DistributedDataParallel.forward"
 
 ENVIRON_READ = "os._Environ.__getitem__"
 TORCH_LOAD = "torch.load"
+MAKE_LOADER = "torch.utils.data.DataLoader.__init__"
 
 
 # a rank's error that says another rank went or never came, not why: gloo says a peer went as
@@ -49,6 +50,12 @@ def crash_step(f, rank, event):
         not written_by_the_job(f, rank) or "Weights only load failed" in event["message"]
     ):
         return SCRIPT  # one process fails to load it too (a file no rank wrote; torch.load's own refusal)
+    if call in CALLS and CALLS[call].label in ("iter(DataLoader)", "next(DataLoader)"):
+        # the data's own error (a dataset's, a worker's, the batch's collation): a sampler only picks the
+        # indices, and one process, which draws every index, fails on the same sample
+        return SCRIPT
+    if call == MAKE_LOADER and f.source.loader_without_sampler(event.get("at")):
+        return SCRIPT  # a DataLoader given no sampler: the single-process script makes the same one
     if call in CALLS:
         return CALLS[call].step
     return 8 if asked else SCRIPT

@@ -360,6 +360,23 @@ class Source:
                     found.add(name)
         return sorted(found)
 
+    def loader_without_sampler(self, at):
+        """Whether the line at file:line makes a DataLoader(...) given no sampler (no sampler= or
+        batch_sampler=, nothing in their places, no ** that may hold one): the single-process script
+        makes this same loader. False where no such call is there, or where it may be given one."""
+        path, _, n = (at or "").rpartition(":")
+        for node in ast.walk(self.tree(path) or ast.Module([], [])):
+            if (
+                isinstance(node, ast.Call)
+                and spans(node, int(n))
+                and ast.unparse(node.func).rpartition(".")[2] == "DataLoader"
+            ):
+                keywords = {k.arg for k in node.keywords}
+                starred = any(isinstance(a, ast.Starred) for a in node.args)
+                # DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, ...)
+                return not ({"sampler", "batch_sampler", None} & keywords or starred or len(node.args) > 3)
+        return False
+
     def line(self, at):
         """The text of the line at file:line, or "" where the job has no such line."""
         path, _, n = at.rpartition(":")

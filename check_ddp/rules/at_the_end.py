@@ -23,15 +23,19 @@ def crashed(f):
     call is a DDP call (a DataLoader made with both a sampler and shuffle=True: DDP step 3; a
     checkpoint that does not load: DDP step 6); else on a line of its own, the script's, where the
     script's own code raised it (a bug of its own, a library's error, a file it cannot find), whatever
-    step the job was in. The job's output has the whole traceback. An error that is not the script's
-    is not checked (--): one that needs a GPU the stand-in cannot give (CUDA's own generator, a CUDA
-    extension), a program the script runs that the machine lacks, or one of check_ddp's own code.
+    step the job was in. What one process shows too is the script's own: an error while a DataLoader
+    gives batches (a dataset's, a worker's, the collation's: a sampler only picks the indices), a
+    DataLoader made with no sampler (the single-process script makes the same one). The job's output
+    has the whole traceback. An error that is not the script's is not checked (--): one that needs a
+    GPU the stand-in cannot give (CUDA's own generator, a CUDA extension), a program the script runs
+    that the machine lacks, or one of check_ddp's own code.
     """
     if f.crash is None or "crash" in f.explained:
         return None
     rank, event = f.crash
     step = crash_step(f, rank, event)
-    error = f"{event['type']}: {short(event['message'])}"
+    error = short(event["message"])  # a worker's error carries its own type: said once
+    error = error if error.startswith(f"{event['type']}: ") else f"{event['type']}: {error}"
     at = inner_place(event["message"], f.job) or event["at"]
     first_unjudged = next((s for s in STEPS if s not in {x.step for x in f.lines if x.verdict != "--"}), 8)
     if event["raised"] == "checker" and rank not in f.refused:  # this file's own error: never the script's
