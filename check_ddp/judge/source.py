@@ -360,6 +360,20 @@ class Source:
                     found.add(name)
         return sorted(found)
 
+    def handled_in(self, tried, raised):
+        """Whether the line `raised` (file:line) is in an except handler of a try whose body holds the
+        line `tried`: the script's own answer to what failed there (a variable missing)."""
+        path, _, a = (tried or "").rpartition(":")
+        other, _, b = (raised or "").rpartition(":")
+        if path != other or not a.isdigit() or not b.isdigit():
+            return False
+        return any(
+            isinstance(node, ast.Try)
+            and any(spans(statement, int(a)) for statement in node.body)
+            and any(spans(handler, int(b)) for handler in node.handlers)
+            for node in ast.walk(self.tree(path) or ast.Module([], []))
+        )
+
     def loader_without_sampler(self, at):
         """Whether the line at file:line makes a DataLoader(...) given no sampler (no sampler= or
         batch_sampler=, nothing in their places, no ** that may hold one): the single-process script

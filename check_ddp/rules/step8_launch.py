@@ -10,7 +10,7 @@ import re
 from ..judge.evidence import where_each_waits
 from ..judge.registry import Found, rule, summary
 from ..judge.words import ranks_text, short
-from ..watch.launch import OTHER_LAUNCHERS, READ_KEYS
+from ..watch.launch import LAUNCHER_OWNED, OTHER_LAUNCHERS, READ_KEYS
 
 
 @rule(
@@ -153,23 +153,32 @@ def rank_from_another_launcher(f):
     Open MPI's mpirun sets OMPI_COMM_WORLD_RANK, SLURM's srun sets SLURM_PROCID; torchrun sets
     RANK, LOCAL_RANK and WORLD_SIZE. A script that reads only the others finds nothing under
     torchrun: it stops, or (behind a try/except) carries on as a job of one in every process. So
-    does one that stops on any other variable only its launcher sets (SLURM_CPUS_PER_TASK), read
-    before who the process is. The check then runs it again as that launcher would start it, its
-    variables set from torchrun's, and checks the other steps on that run.
+    does one that stops on any other variable only its launcher sets (SLURM_CPUS_PER_TASK,
+    SLURM_JOB_NODELIST), read before who the process is: with a KeyError, or with an error its own
+    except handler raises for the missing variable ("not inside a SLURM job"). The check then runs it
+    again as that launcher would start it, its variables set from torchrun's, and checks the other
+    steps on that run.
     """
     reads = f.job.records("read")
     if any(e["key"] in ("RANK", "LOCAL_RANK") and e["found"] and e["by"] == "script" for _, e in reads):
         return None
     # MPI's module, or who the process is as another launcher says it; or any other variable of another
-    # launcher's whose absence stopped the script (KeyError: 'SLURM_CPUS_PER_TASK'), whatever it reads first
-    stopped_on = f.crash[1]["message"].strip("'\"") if f.crash and f.crash[1]["type"] == "KeyError" else None
+    # launcher's whose absence stopped the script, whatever it reads first: the KeyError it stopped with
+    # ('SLURM_CPUS_PER_TASK'), or the error it raised in its own handler of that read's failure
+    crash = f.crash[1] if f.crash else {}
+    stopped_on = crash["message"].strip("'\"") if crash.get("type") == "KeyError" else None
     missing = [
         e
         for _, e in f.job.records("read")
         if e["by"] == "script"
         and not e["found"]
         and e["key"] not in READ_KEYS
-        and (e["key"].startswith("import ") or OTHER_LAUNCHERS.fullmatch(e["key"]) or e["key"] == stopped_on)
+        and (
+            e["key"].startswith("import ")
+            or OTHER_LAUNCHERS.fullmatch(e["key"])
+            or e["key"] == stopped_on
+            or LAUNCHER_OWNED.fullmatch(e["key"]) and f.source.handled_in(e["at"], crash.get("at"))
+        )
     ]
     if missing:
         e = missing[0]
