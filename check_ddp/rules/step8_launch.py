@@ -177,7 +177,7 @@ def rank_from_another_launcher(f):
             e["key"].startswith("import ")
             or OTHER_LAUNCHERS.fullmatch(e["key"])
             or e["key"] == stopped_on
-            or LAUNCHER_OWNED.fullmatch(e["key"]) and f.source.handled_in(e["at"], crash.get("at"))
+            or (LAUNCHER_OWNED.fullmatch(e["key"]) and f.source.handled_in(e["at"], crash.get("at")))
         )
     ]
     if missing:

@@ -11,7 +11,6 @@ again in the rank's own process ("Caught IndexError in DataLoader worker process
 the single-GPU script, drawing every index, fails the same way: the Dataset's own error, no DDP step's.
 """
 
-
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
