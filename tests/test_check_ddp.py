@@ -210,6 +210,24 @@ def test_a_job_whose_ranks_were_stopped_before_their_error_is_judged_as_its_case
     assert steps[5][0] == "--", text
 
 
+@pytest.mark.parametrize("case, verdict", [("trainer_ok", "--"), ("course_manual_sgd_no_set_epoch", "FAIL")])
+def test_a_job_stuck_freeing_its_ddp_model_is_a_step_7_finding_on_gloo_only(case, verdict):
+    """A race seen live (a real course's script, 4 runs of 9): torch 2.13's gloo can hang as a process
+    frees its DDP model at exit (pytorch#190489), every rank done. A recorded job, its rank 1 made to
+    hang there as the check finds it (its end never recorded): a GPU script's job (nccl, gloo standing
+    in) is not checked at step 7, since its nccl job never runs that code; a gloo script's hangs for
+    real: DDP701. Either way no other step FAILs for it (it is no hang in a collective, step 5's)."""
+    job = Job.load(JOBS / case)
+    assert job.records("ddp_freed", rank=1) and job.records("exit", rank=1)
+    recorded = steps_of(judge(job).lines, see)
+    job.ranks[1] = [e for e in job.ranks[1] if e["e"] != "exit"]
+    job.stuck_at_exit = True
+    steps = steps_of(judge(job).lines, see)
+    assert steps[7][0] == verdict and "while freeing the DDP model" in steps[7][1], steps[7]
+    assert steps[7][2] == ("DDP701" if verdict == "FAIL" else None)
+    assert {s: v[0] for s, v in steps.items() if s != 7} == {s: v[0] for s, v in recorded.items() if s != 7}
+
+
 PEER_WENT = "Connection closed by peer"
 
 

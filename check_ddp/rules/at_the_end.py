@@ -97,6 +97,7 @@ def stopped_making_progress(f):
     if found is not None:
         found.step = 5
         return found
-    if (f.job.hung or f.job.stuck_at_exit) and not any(line.verdict == "FAIL" for line in f.lines):
+    # a job stuck at its exit, every rank done, is step 7's (DDP701), whatever its verdict there
+    if f.job.hung and not any(line.verdict == "FAIL" for line in f.lines):
         return Found(f"the check stopped the job: {where_each_waits(f)}", step=5)
     return None
