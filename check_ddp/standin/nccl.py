@@ -114,6 +114,8 @@ def fully_shard_on_cpu(original, s, _):
 
 @stands_in("torch.distributed.fsdp.FullyShardedDataParallel", "__init__", step=4, label="FSDP(...)")
 def fsdp1_on_cpu(original, s, _):
+    import torch
+
     signature = inspect.signature(original)
 
     def fsdp1_on_cpu(self, *args, **kwargs):
@@ -122,7 +124,8 @@ def fsdp1_on_cpu(original, s, _):
         device_id = given.pop("device_id", None)
         if device_id is not None and s.index(device_id) is not None:
             devices = [f"cuda:{s.ask(s.index(device_id), 'device_id')}"]  # FSDP moves the model there
-        original(**given)
+        # torch 2.13's FSDP, with no accelerator, runs on the CPU only where its device_id says so
+        original(**given, device_id=torch.device("cpu"))
         with Quietly(s):
             s.rec.add("ddp_gpus", at=where(), devices=devices)
 

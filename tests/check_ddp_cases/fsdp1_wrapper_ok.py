@@ -1,4 +1,4 @@
-# check_ddp: exit 0
+# check_ddp: exit 0, ok step 4, ok step 6
 """A model trained with FSDP1, the wrapper class, as scripts written before FSDP2 read (and as many
 libraries still do): FullyShardedDataParallel(model, device_id=...), the optimizer after the wrap, a
 DistributedSampler, the loss all-reduced, the full state dict saved by rank 0 through the wrapper's own
