@@ -68,8 +68,9 @@ def judge(job, judged=None):
     found = [(judged or {}).get(run.folder) or judge_run(run) for run in chain]
     kept = {}
     for n, run in enumerate(found[:-1]):
-        for line in run.stoppers:
-            kept.setdefault(line.step, replace(line, run=n))
+        for line in run.stoppers:  # the first run's, but a later run's FAIL over an earlier one's warning
+            if line.step not in kept or (kept[line.step].verdict == "warn" and line.verdict == "FAIL"):
+                kept[line.step] = replace(line, run=n)
     last = [replace(x, run=len(found) - 1) for x in found[-1].lines]
     for x in last:  # a step the run again FAILs says so, over a warning of the run before
         if x.step in kept and kept[x.step].verdict == "warn" and x.verdict == "FAIL":
