@@ -83,9 +83,11 @@ def judge(job, judged=None):
         for x in kept.values()
         if "launch" in RULES[x.code].sets_aside and RULES[x.code].launch != "root"
     ]
+    # (and where a launch of the script's own FAILs too, the numbering is that launch's: its step)
+    root = [x.step for x in kept.values() if x.verdict == "FAIL" and RULES[x.code].launch == "root"]
     if launch and "launch" in chain[-1].aside:
         last = [
-            Line(x.step, "--", f"follows from DDP step {min(launch)}: {x.message}", run=x.run)
+            Line(x.step, "--", f"follows from DDP step {min(root or launch)}: {x.message}", run=x.run)
             if RULES.get(x.code) and RULES[x.code].launch == "follows"
             else x
             for x in last
@@ -199,7 +201,7 @@ def consequences(lines):
             if x.verdict in ("FAIL", "warn")
             and rule_of(x)
             and rule_of(x).launch == "follows"
-            and x.run == launch.run
+            and x.run <= launch.run  # its run, or one before it whose stopper hid it
         }
         roots = {
             (line.run, step): (line, text)

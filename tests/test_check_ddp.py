@@ -228,6 +228,23 @@ def test_a_job_stuck_freeing_its_ddp_model_is_a_step_7_finding_on_gloo_only(case
     assert {s: v[0] for s, v in steps.items() if s != 7} == {s: v[0] for s, v in recorded.items() if s != 7}
 
 
+def test_a_launch_of_the_scripts_own_found_in_a_run_again_is_the_cause_of_what_the_runs_before_it_found():
+    """Seen on a real mpiexec script (its rank from mpi4py, a port of its own): the first run FAILs its
+    MASTER_PORT (DDP101: the ranks never met), and only the run again with that set aside reaches its
+    read of PMI_RANK (DDP807, a launch of another launcher's). The port is that launcher's way to meet:
+    one cause, one FAIL, at step 8, wherever the launch was seen. (Lines as judge() combines them: the
+    first run's stopper, the run again's root and its other steps.)"""
+    from check_ddp.judge.registry import Line
+    from check_ddp.verdict import consequences
+
+    port = Line(1, "FAIL", "dist_util.py:40 sets MASTER_PORT=47809, over torchrun's 38507", "DDP101", run=0)
+    launch = Line(8, "FAIL", "logger.py:407 looks for PMI_RANK", "DDP807", run=1)
+    sampled = Line(3, "ok", "DistributedSampler: disjoint shards", run=2)
+    lines = consequences([port, sampled, launch])
+    assert [(x.step, x.verdict) for x in lines] == [(1, "--"), (3, "ok"), (8, "FAIL")]
+    assert lines[0].message.startswith("follows from DDP step 8: dist_util.py:40")
+
+
 PEER_WENT = "Connection closed by peer"
 
 
