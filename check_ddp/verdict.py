@@ -118,6 +118,10 @@ def judge_run(job):
         found = tried(facts, code)
         if found is not None and not silenced(facts, code, found, found.step):
             line = finding(RULES[code], found, step=found.step)
+            there = next((old for old in facts.lines if old.step == line.step), None)
+            if there is not None and there.verdict == "FAIL" and line.verdict == "FAIL":
+                # the step's own finding is the cause; what the job then met is said after it
+                line = replace(there, message=f"{there.message}; then {line.message}")
             facts.lines = [old for old in facts.lines if old.step != line.step] + [line]
     lines = sorted(facts.lines, key=in_order)  # as found: judge() says what follows from what
     return Judged(

@@ -56,6 +56,10 @@ def crash_step(f, rank, event):
         return SCRIPT
     if call == MAKE_LOADER and f.source.loader_without_sampler(event.get("at")):
         return SCRIPT  # a DataLoader given no sampler: the single-process script makes the same one
+    if call in CALLS and call.startswith("torch.distributed.") and CALLS[call].step == 5:
+        # a collective is the step's that uses it: a broadcast made while resuming is step 6's
+        step = crash_phase(f, rank)[1]
+        return step if step in (6, 10) else 5
     if call in CALLS:
         return CALLS[call].step
     return 8 if asked else SCRIPT

@@ -21,7 +21,9 @@ def crashed(f):
     A rank raised an error that none of the other findings explains; torchrun then stopped every
     rank. The report puts it where the call that raised it belongs: under its DDP step, where that
     call is a DDP call (a DataLoader made with both a sampler and shuffle=True: DDP step 3; a
-    checkpoint that does not load: DDP step 6); else on a line of its own, the script's, where the
+    checkpoint that does not load: DDP step 6; a collective, the step that uses it: a broadcast made
+    while resuming, DDP step 6), after that step's own finding where it has one (the cause, which
+    the error followed); else on a line of its own, the script's, where the
     script's own code raised it (a bug of its own, a library's error, a file it cannot find), whatever
     step the job was in. What one process shows too is the script's own: an error while a DataLoader
     gives batches (a dataset's, a worker's, the collation's: a sampler only picks the indices), a
