@@ -142,8 +142,9 @@ OPTIONAL = {
     # a state dict loaded after training into the replica trained: the replica's weights as training ended
     # (None: before training, or into another model)
     "load_state": {"trained": None},
-    # a forward without gradients through a sharded model ("sharded": it all-gathers, a collective), or
-    # not (None: through DDP, or the model DDP wraps)
+    # a forward without gradients through a sharded model ("sharded": it all-gathers, a collective), through
+    # DDP where DDP syncs the model's buffers first ("ddp": a broadcast from rank 0, a collective), or
+    # neither (None: through DDP with no buffers to sync, or the model DDP wraps)
     "eval": {"through": None},
 }
 

@@ -245,6 +245,24 @@ def test_a_launch_of_the_scripts_own_found_in_a_run_again_is_the_cause_of_what_t
     assert lines[0].message.startswith("follows from DDP step 8: dist_util.py:40")
 
 
+def test_a_forward_through_ddp_on_rank_0_alone_is_found_when_no_rank_says_why_the_job_ended():
+    """Seen on a real VQ-VAE script: rank 0's extra DDP forward (its buffers' broadcast) put its
+    collectives one ahead, gloo aborted rank 1 on the sizes that then differed (SIGABRT, no Python
+    error), and torchrun stopped rank 0 before it said anything. The recorded job, less every rank's
+    error and end, is that job: the first divergence, rank 0's forward through DDP that the other
+    rank never makes, is the cause (DDP1001), told by the records alone."""
+    case = next(c for c in CASES if c.stem == "vqvae_rank0_sample_through_ddp")
+    job = Job.load(JOBS / case.stem)
+    assert [e.get("through") for _, e in job.records("eval", rank=0)][:1] == ["ddp"]
+    assert not job.records("eval", rank=1)
+    for rank in job.ranks:
+        job.ranks[rank] = [e for e in job.ranks[rank] if e["e"] not in ("crash", "exit")]
+    steps = steps_of(judge(job).lines, see)
+    assert steps[10][0] == "FAIL" and steps[10][2] == "DDP1001", steps[10]
+    assert "no rank's error recorded" in steps[10][1], steps[10]
+    assert "Rank 0 evaluated through the DDP model" in steps[10][1], steps[10]
+
+
 PEER_WENT = "Connection closed by peer"
 
 

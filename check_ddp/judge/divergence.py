@@ -25,9 +25,16 @@ SHARED = (
     "coll",
     "spawn",
     "pass",
+    "eval",
 )
 # the records that mark a rank's last exchange with the others: after it, what it does is its own
 SYNC = ("coll", "step")
+
+
+def exchanges(e):
+    """Whether the record is an exchange with the other ranks: a collective, an optimizer step (its
+    all-reduce), a forward through DDP that syncs the model's buffers."""
+    return e["e"] in SYNC or (e["e"] == "eval" and e.get("through") == "ddp")
 
 
 @dataclass(frozen=True)
@@ -59,12 +66,14 @@ def token(e, world):
         return kind, e["at"], e["epoch"]
     if kind == "pass":
         return kind, e["loader"]
+    if kind == "eval":  # a forward without gradients is shared where it is a collective (DDP's)
+        return (kind, e["at"]) if e.get("through") == "ddp" else None
     return kind, e.get("at")
 
 
 def shared_calls(events, world, training):
     """A rank's shared calls, up to its last exchange with the other ranks: (token, record) pairs."""
-    last = max((i for i, e in enumerate(events) if e["e"] in SYNC), default=-1)
+    last = max((i for i, e in enumerate(events) if exchanges(e)), default=-1)
     calls = []
     for e in events[: last + 1]:
         if e["e"] not in SHARED or (e["e"] == "pass" and e["loader"] not in training):

@@ -21,8 +21,8 @@ def fell_out_of_step(f):
     or of a rank that lost its peers; None. Asked by the rules after step 1, once step 1 has said
     whether it explains a hang (the ranks never met)."""
     job = f.job
-    if job.records("spawn"):
-        return None  # processes of the script's own: step 8's
+    if f.children_collide:
+        return None  # processes of the script's own, standing for one child: step 8's
     if job.hung and job.records("met") and "hang" not in f.explained:
         return f"the job stopped making progress ({job.silence:g} s without any): {where_each_waits(f)}"
     if f.crash and COMMUNICATION_ERROR.search(f.crash[1]["message"]) and why_out_of_step(f, hang=False):
@@ -90,6 +90,13 @@ def why_out_of_step(f, hang=True):
     apart = sharded_evaluation_apart(f)
     if apart:  # a sharded model's forward without gradients on some ranks only: step 10's
         return "eval_alone", apart
+    alone = {r: e for r, e in (f.divergence.alone if f.divergence else {}).items() if e["e"] == "eval"}
+    if alone:  # a forward through DDP, its buffers synced, on some ranks only: the first divergence
+        r, e = min(alone.items())
+        return "eval_alone", (
+            f"rank {r} evaluated through the DDP model at {f.code(e['at'])}, and the other ranks did not: "
+            "DDP's forward syncs the model's buffers with every rank"
+        )
     waiting = f.waiting if hang else {}
     for r, (call, at, _) in sorted(waiting.items()):  # a forward without gradients, through DDP: step 10's
         if call == DDP_FORWARD and evaluating(f, r) and any(c != DDP_FORWARD for c, _, _ in waiting.values()):

@@ -62,6 +62,17 @@ class Facts:
         return min(launches, key=by_line) if launches else None
 
     @functools.cached_property
+    def children_collide(self):
+        """Whether processes of the job stood for the same child of the script's own launch: each
+        process runs the child its LOCAL_RANK names, so that on nodes of one process each (the
+        rehearsal's), every node's runs child 0, and their collectives are no one job's to compare.
+        On one node, the children are the job's ranks, one each."""
+        if not self.job.records("spawn"):
+            return False
+        local = [e["local_rank"] for e in self.starts.values()]
+        return len(set(local)) < len(local)
+
+    @functools.cached_property
     def divergence(self):
         """The first place the ranks' shared calls part (check_ddp.judge.divergence), or None."""
         return first_divergence(self.job.ranks, self.world, set(self.training_loaders))
@@ -207,7 +218,7 @@ class Facts:
         """The first collective the ranks did not call alike, each rank's collectives on the whole
         job's group compared in order: (its place in the sequences, {rank: its call there, or None});
         None where they match, or where a rank stopped on its own error (its sequence ends there)."""
-        if self.job.records("spawn") or len(self.job.ranks) < 2:
+        if self.children_collide or len(self.job.ranks) < 2:
             return None
         if any(not COMMUNICATION_ERROR.search(e["message"]) for _, e in self.job.records("crash")):
             return None

@@ -79,8 +79,9 @@ def note_forward(w, ddp, args, kwargs):
     with Quietly(w):
         observe_writes(w)
         first = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
-        if not torch.is_grad_enabled():
-            evaluated(w, first)  # a forward without gradients: evaluation, or inference
+        if not torch.is_grad_enabled():  # a forward without gradients: evaluation, or inference
+            # through DDP, a collective where DDP syncs the model's buffers (BatchNorm's) from rank 0
+            evaluated(w, first, through="ddp" if ddp.will_sync_module_buffers() else None)
             return
         w.state["forward"] += 1
         # DDP prepares the all-reduce of the coming backward here, at forward time, or not

@@ -75,6 +75,7 @@ PRIVATE = (
     "argparse.ArgumentParser()._actions",
     "torch.utils.data.dataloader._BaseDataLoaderIter#_dataset_kind",
     "torch.nn.parallel.DistributedDataParallel#require_backward_grad_sync",
+    "torch.nn.parallel.DistributedDataParallel.will_sync_module_buffers",
     "torch._dynamo.eval_frame.OptimizedModule#_orig_mod",
     "torch.distributed.fsdp.FullyShardedDataParallel#_fsdp_wrapped_module",
 )
