@@ -168,6 +168,15 @@ def assert_fired(stderr, fault):
     assert f"fault.py: {fault} fired: " in stderr, f"fault.py's {fault} never fired:\n{stderr[-3000:]}"
 
 
+def assert_failed(stderr, killed):
+    """torchrun saw its worker group fail (and, given --max-restarts, restarted it): the rank killed
+    (exit code -9, SIGKILL), or first its peer, which gloo aborts as the connection drops (-6,
+    SIGABRT), whichever torchrun polls first (the peer's, once on CI)."""
+    by_kill = f"failed (exitcode: -9) local_rank: {killed}" in stderr
+    by_peer = re.search(r"failed \(exitcode: -6\) local_rank: \d", stderr)
+    assert by_kill or by_peer, f"torchrun saw no worker fail:\n{stderr[-3000:]}"
+
+
 def read_metrics(out_dir):
     lines = (Path(out_dir) / "metrics.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines]

@@ -17,6 +17,7 @@ from helpers import (
     PROOF_FLAGS,
     ROOT,
     as_flags,
+    assert_failed,
     assert_fired,
     baseline_run,
     copy_scripts,
@@ -277,7 +278,7 @@ def test_a_killed_worker_is_restarted_and_the_job_ends_bit_identical(shared_run,
         env=RESTARTABLE,
     )
     assert_fired(proc.stderr, "kill@1:70")
-    assert "failed (exitcode: -9) local_rank: 1" in proc.stderr  # it was killed, and restarted
+    assert_failed(proc.stderr, killed=1)  # it was killed, and restarted
     assert [r["epoch"] for r in read_metrics(work / "killed")] == [1, 2, 3, 4]
     assert_bit_identical(
         load_checkpoint(fsdp_2(shared_run).out / "model_epoch_4.pt"),
@@ -299,7 +300,7 @@ def test_a_worker_killed_mid_save_leaves_the_previous_checkpoint_loadable(shared
     )
     assert_fired(proc.stderr, "cut@4")
     assert re.search(r"cut@4 fired: \S+/cut/model_epoch_4/__1_0.distcp cut to", proc.stderr), proc.stderr
-    assert "failed (exitcode: -9) local_rank: 1" in proc.stderr  # it was killed, and restarted
+    assert_failed(proc.stderr, killed=1)  # it was killed, and restarted
     assert proc.stdout.count("epoch 3/4") == 2, proc.stdout  # the restart went on from model_epoch_2
     assert [r["epoch"] for r in read_metrics(work / "cut")] == [1, 2, 3, 4]
     assert (work / "cut/model_epoch_4/.metadata").is_file()

@@ -18,6 +18,7 @@ from helpers import (
     STRAIGHT,
     TORCHRUN,
     as_flags,
+    assert_failed,
     assert_fired,
     audit_env,
     baseline_run,
@@ -126,7 +127,7 @@ def test_a_killed_worker_is_restarted_and_the_job_ends_bit_identical(work, share
         env=RESTARTABLE,
     )
     assert_fired(proc.stderr, "kill@1:10")
-    assert "failed (exitcode: -9) local_rank: 1" in proc.stderr  # it was killed, and restarted
+    assert_failed(proc.stderr, killed=1)  # it was killed, and restarted
     assert [r["epoch"] for r in read_metrics(work / "killed")] == [1, 2, 3, 4]
     assert_bit_identical(
         load_checkpoint(shared_run(STRAIGHT).out / "model_epoch_4.pt"),
@@ -143,7 +144,7 @@ def test_a_crash_while_writing_a_checkpoint_leaves_the_previous_one_loadable(wor
         env=RESTARTABLE,
     )
     assert_fired(proc.stderr, "cut@3")  # a run never cut ends the same
-    assert "failed (exitcode: -9) local_rank: 0" in proc.stderr  # it was killed, and restarted
+    assert_failed(proc.stderr, killed=0)  # it was killed, and restarted
     assert [r["epoch"] for r in read_metrics(work / "cut")] == [1, 2, 3, 4]
     assert_bit_identical(
         load_checkpoint(shared_run(STRAIGHT).out / "model_epoch_4.pt"),
