@@ -171,7 +171,7 @@ def assert_fired(stderr, fault):
 def assert_failed(stderr, killed):
     """torchrun saw its worker group fail (and, given --max-restarts, restarted it): the rank killed
     (exit code -9, SIGKILL), or first its peer, which gloo aborts as the connection drops (-6,
-    SIGABRT), whichever torchrun polls first (the peer's, once on CI)."""
+    SIGABRT), whichever torchrun polls first (the peer's, once in a kept run here)."""
     by_kill = f"failed (exitcode: -9) local_rank: {killed}" in stderr
     by_peer = re.search(r"failed \(exitcode: -6\) local_rank: \d", stderr)
     assert by_kill or by_peer, f"torchrun saw no worker fail:\n{stderr[-3000:]}"
